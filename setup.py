@@ -1,0 +1,38 @@
+"""sparrow: GRPO with sparse rollouts whose tail acceptance is held above a threshold."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="sparrow",
+    version="0.1.0",
+    description="RLVR trainer with a Triton paged block-sparse rollout engine and tail-acceptance control",
+    packages=find_packages(include=["sparrow", "sparrow.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # Pinned so that a CPU box takes the local CPU wheel and a GPU box the CUDA build.
+        "torch==2.13.0",
+        "triton>=3.5",
+        "transformers>=5.0",
+        "peft>=0.17",
+        "datasets>=3.0",
+        "hydra-core>=1.3",
+        "omegaconf>=2.3",
+        "wandb>=0.19",
+        # gguf: transformers reads the embedded SmolLM2 GGUF through it.
+        "gguf>=0.10",
+        "safetensors>=0.4",
+        "math-verify>=0.7",
+        "tqdm>=4.60",
+        "matplotlib>=3.8",
+        "psutil>=5.9",
+        "numpy",
+        # deepspeed is installed by the Makefile with --no-build-isolation (see README): a plain
+        # dependency here would build it in an isolated env that pulls a multi-GB CUDA torch.
+    ],
+    extras_require={"dev": ["pytest>=8", "ruff>=0.5"]},
+    entry_points={
+        "console_scripts": [
+            "sparrow-train=sparrow.cli.train:main",
+        ]
+    },
+)

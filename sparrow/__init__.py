@@ -1,0 +1,1 @@
+"""sparrow: GRPO with sparse rollouts held above a tail-acceptance threshold."""
