@@ -1,0 +1,242 @@
+"""GRPO policy loss: PPO clip (clip-higher, optional dual clip) x truncated importance sampling.
+
+Pure tensor functions in the style of verl's `core_algos`, and `PolicyLoss`, which picks the
+variants once from a `LossConfig`. Three policies appear per token:
+- rollout: the sparse engine that sampled the token (`rollout_logprobs`),
+- old: the dense policy before this step's update (`old_logprobs`, no grad),
+- current: the dense policy being trained (`logprobs`, with grad).
+
+Per token: ratio r = exp(logp - logp_old); PPO loss max(-A r, -A clip(r, 1 - eps_low,
+1 + eps_high)) with clip-higher (DAPO, arXiv 2503.14476); optional dual clip bounds the loss of
+A < 0 tokens at -c A (arXiv 1912.09729); times the truncated importance sampling weight
+min(exp(logp_old - logp_rollout), C), detached, which corrects for sampling from the sparse engine
+rather than from the dense policy (Sparrow §RL recipe; Yao et al., "Your efficient RL framework
+secretly brings you off-policy RL training"). Optional KL to a reference policy (k1 or k3,
+Schulman's "Approximating KL divergence"), not TIS-weighted.
+
+Aggregation is the token mean over the whole step: each micro-batch's token sum is divided by the
+*global* completion-token count of the step, so summing the micro-batch losses (and all-reducing
+across ranks) gives the same loss and gradient for any split of the batch.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+# Log-ratios are clamped before exp, as verl does, so a stray -inf log-prob cannot make inf * 0.
+MAX_LOG_RATIO = 20.0
+
+# How the trainer reduces each metric over micro-batches and ranks. "sum" metrics are already
+# divided by the global token count, so their sum is the step's token mean.
+METRIC_REDUCTIONS = {
+    "pg_loss": "sum",
+    "clip_frac_low": "sum",
+    "clip_frac_high": "sum",
+    "dual_clip_frac": "sum",
+    "tis_weight_mean": "sum",
+    "tis_weight_min": "min",
+    "tis_weight_max": "max",
+    "tis_truncated_frac": "sum",
+    "approx_kl": "sum",
+    "kl_ref": "sum",
+    "entropy": "sum",
+}
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2  # ratio lower bound is 1 - clip_low
+    clip_high: float = 0.28  # ratio upper bound is 1 + clip_high (clip-higher)
+    dual_clip: float | None = None  # c > 1 caps the loss of A < 0 tokens at -c * A; None: off
+    tis_cap: float | None = 2.0  # C in min(exp(logp_old - logp_rollout), C); None: no TIS weight
+    kl_coef: float = 0.0  # weight of the KL-to-reference term; 0: off (no reference pass needed)
+    kl_estimator: str = "k3"  # "k1" (logp - logp_ref) | "k3" (exp(d) - d - 1, d = logp_ref - logp)
+
+
+def ppo_clip_token_loss(
+    log_ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric PPO clipped surrogate per token.
+
+    Args:
+        log_ratio: (B, T) logp - logp_old. advantages: (B, T).
+    Returns:
+        loss (B, T); clipped_low (B, T) bool where r < 1 - clip_low binds (A < 0);
+        clipped_high (B, T) bool where r > 1 + clip_high binds (A > 0).
+    """
+    ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # (B, T)
+    unclipped = -advantages * ratio  # (B, T)
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (B, T)
+    loss = torch.maximum(unclipped, clipped)  # (B, T)
+    clipped_low = (ratio < 1.0 - clip_low) & (advantages < 0)  # (B, T)
+    clipped_high = (ratio > 1.0 + clip_high) & (advantages > 0)  # (B, T)
+    return loss, clipped_low, clipped_high
+
+
+def dual_clip_token_loss(loss: Tensor, advantages: Tensor, clip_c: float) -> tuple[Tensor, Tensor]:
+    """Dual clip: for A < 0 the PPO loss grows without bound in r; cap it at -c * A.
+
+    Args:
+        loss: (B, T) PPO clipped loss. advantages: (B, T). clip_c: c > 1.
+    Returns:
+        loss (B, T); dual_clipped (B, T) bool where the cap binds.
+    """
+    cap = -advantages * clip_c  # (B, T)
+    dual_clipped = (advantages < 0) & (loss > cap)  # (B, T)
+    return torch.where(dual_clipped, cap, loss), dual_clipped
+
+
+def truncated_is_weight(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+    """min(exp(logp_old - logp_rollout), cap), detached. (B, T) -> (B, T)."""
+    log_w = (old_logprobs - rollout_logprobs).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.exp(log_w).clamp(max=cap)  # (B, T)
+
+
+def untruncated_is_ratio(old_logprobs: Tensor, rollout_logprobs: Tensor) -> Tensor:
+    """exp(logp_old - logp_rollout), detached: logged when TIS is off. (B, T) -> (B, T)."""
+    log_w = (old_logprobs - rollout_logprobs).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.exp(log_w)  # (B, T)
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 estimator of KL(pi || ref) on tokens sampled from pi: logp - logp_ref. (B, T)."""
+    return logprobs - ref_logprobs
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = logp_ref - logp; >= 0. (B, T)."""
+    d = (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, T)
+    return torch.exp(d) - d - 1.0
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k3": kl_k3}
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last axis; -inf logits (masked ids) allowed.
+    (..., V) -> (...)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (..., V)
+    p = logp.exp()  # (..., V)
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+
+
+def entropy_from_topk(topk_logprobs: Tensor) -> Tensor:
+    """Entropy restricted to the top-K tokens: -sum_k p_k log p_k, a lower bound on the full
+    entropy since every omitted term is >= 0. (..., K) full-vocab-normalised log-probs -> (...)."""
+    p = topk_logprobs.exp()  # (..., K)
+    return -torch.where(p > 0, p * topk_logprobs, torch.zeros_like(p)).sum(-1)
+
+
+def global_token_mean(values: Tensor, mask: Tensor, global_num_tokens: float | Tensor) -> Tensor:
+    """sum(values over mask) / global_num_tokens: this micro-batch's share of the step mean.
+
+    Args:
+        values: (B, T). mask: (B, T) bool. global_num_tokens: completion tokens of the whole step.
+    Returns:
+        () scalar.
+    """
+    return torch.where(mask, values, torch.zeros_like(values)).sum() / global_num_tokens
+
+
+class PolicyLoss:
+    """The GRPO loss with its variants (dual clip, TIS, KL estimator) fixed at construction."""
+
+    def __init__(self, cfg: LossConfig):
+        if cfg.dual_clip is not None and cfg.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None for off), got {cfg.dual_clip}")
+        if cfg.tis_cap is not None and cfg.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0 (or None for off), got {cfg.tis_cap}")
+        if cfg.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {sorted(KL_ESTIMATORS)}")
+        self.cfg = cfg
+        self._dual_clip = (
+            None if cfg.dual_clip is None else partial(dual_clip_token_loss, clip_c=cfg.dual_clip)
+        )
+        if cfg.tis_cap is None:
+            self._is_weight = None
+        else:
+            self._is_weight = partial(truncated_is_weight, cap=cfg.tis_cap)
+        self._kl = KL_ESTIMATORS[cfg.kl_estimator] if cfg.kl_coef != 0 else None
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether the trainer must pass reference log-probs."""
+        return self._kl is not None
+
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        rollout_logprobs: Tensor,
+        advantages: Tensor,
+        loss_mask: Tensor,
+        global_num_tokens: float | Tensor,
+        ref_logprobs: Tensor | None = None,
+        entropy: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss of one micro-batch, normalised by the step's global token count.
+
+        Args:
+            logprobs: (B, T) current dense log-probs of the sampled tokens (with grad).
+            old_logprobs: (B, T) dense log-probs before the update (no grad).
+            rollout_logprobs: (B, T) the rollout engine's log-probs of the same tokens.
+            advantages: (B, T) per-token advantages.
+            loss_mask: (B, T) bool, completion tokens.
+            global_num_tokens: completion tokens of the step over all micro-batches and ranks.
+                Under data-parallel gradient *averaging* (DDP, DeepSpeed) pass
+                global_num_tokens / world_size so that the averaged gradient is the step mean;
+                DeepSpeed also divides by its gradient_accumulation_steps in backward.
+            ref_logprobs: (B, T) reference log-probs; required iff `needs_ref`.
+            entropy: (B, T) per-token entropy to log (e.g. `entropy_from_logits`), or None.
+        Returns:
+            loss: () scalar with grad. metrics: () detached tensors, keys and their reduction
+            over micro-batches/ranks in METRIC_REDUCTIONS; min/max are +inf/-inf on a micro-batch
+            without tokens (the identities of min/max).
+        """
+        cfg = self.cfg
+        log_ratio = logprobs - old_logprobs.detach()  # (B, T)
+        pg, clipped_low, clipped_high = ppo_clip_token_loss(
+            log_ratio, advantages, cfg.clip_low, cfg.clip_high
+        )  # (B, T)
+        dual_clipped = torch.zeros_like(loss_mask)  # (B, T)
+        if self._dual_clip is not None:
+            pg, dual_clipped = self._dual_clip(pg, advantages)
+        ratio_rollout = untruncated_is_ratio(old_logprobs, rollout_logprobs)  # (B, T)
+        if self._is_weight is not None:
+            weight = self._is_weight(old_logprobs, rollout_logprobs)  # (B, T)
+            pg = pg * weight
+            truncated = ratio_rollout > cfg.tis_cap  # (B, T)
+        else:
+            weight = ratio_rollout  # logged only
+            truncated = torch.zeros_like(loss_mask)
+        mean = partial(global_token_mean, mask=loss_mask, global_num_tokens=global_num_tokens)
+        pg_loss = mean(pg)
+        loss = pg_loss
+
+        metrics = {}
+        if self._kl is not None:
+            if ref_logprobs is None:
+                raise ValueError("kl_coef != 0 needs ref_logprobs")
+            kl = mean(self._kl(logprobs, ref_logprobs))
+            loss = loss + cfg.kl_coef * kl
+            metrics["kl_ref"] = kl.detach()
+        with torch.no_grad():
+            w = weight.float()
+            metrics |= {
+                "pg_loss": pg_loss.detach(),
+                "clip_frac_low": mean(clipped_low.float()),
+                "clip_frac_high": mean(clipped_high.float()),
+                "dual_clip_frac": mean(dual_clipped.float()),
+                "tis_weight_mean": mean(w),
+                "tis_weight_min": torch.where(loss_mask, w, torch.inf).amin(),
+                "tis_weight_max": torch.where(loss_mask, w, -torch.inf).amax(),
+                "tis_truncated_frac": mean(truncated.float()),
+                # Schulman's k3 of KL(old || current) on tokens from old: (r - 1) - log r.
+                "approx_kl": mean(kl_k3(old_logprobs, logprobs.detach())),
+            }
+            if entropy is not None:
+                metrics["entropy"] = mean(entropy.float())
+        return loss, metrics
