@@ -1,0 +1,96 @@
+"""Paged block-sparse decode attention: KV cache layout, page summaries, page selection, decode.
+
+Public ops (one function each, `backend` = "auto" | "torch" | "triton"; auto runs Triton on CUDA
+tensors and torch on CPU). The torch backend is both the reference math and the CPU production
+path; Triton is imported only when a Triton backend is actually used, so CPU users never pay for
+it and tests can set TRITON_INTERPRET=1 before it is imported. This package imports nothing else
+from sparrow.
+"""
+
+from torch import Tensor
+
+from .checks import check_decode_inputs, check_select_inputs
+from .decode_torch import paged_decode_torch
+from .paged_cache import PageSummary, update_page_summaries, write_kv
+from .selection import SCORE_MODES, SelectedPages, page_scores_torch, select_from_scores
+
+BACKENDS = ("auto", "torch", "triton")
+
+__all__ = [
+    "BACKENDS",
+    "SCORE_MODES",
+    "PageSummary",
+    "SelectedPages",
+    "paged_decode",
+    "select_pages",
+    "update_page_summaries",
+    "write_kv",
+]
+
+
+def select_pages(
+    q: Tensor,
+    summary: PageSummary,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    budgets: Tensor,
+    *,
+    score: str = "quest",
+    page_size: int = 16,
+    num_sink: int = 1,
+    num_recent: int = 2,
+    backend: str = "auto",
+) -> SelectedPages:
+    """Choose the pages each (sequence, KV head) attends to at this decode step.
+
+    q: (B, H_q, D) current queries; page_table: (B, max_pages) int32 physical ids; seq_lens: (B,)
+    int32 tokens cached including the current one; budgets: (B,) int32 pages. The backend only
+    changes how page scores are computed (Triton: one fused gather+score kernel); the top-k and
+    the compaction into ascending rows are torch on every device.
+    """
+    check_select_inputs(
+        q, summary, page_table, seq_lens, budgets, score, page_size, num_sink, num_recent
+    )
+    if _use_triton(backend, q):
+        from .score_triton import page_scores_triton
+
+        scores = page_scores_triton(q, summary, page_table, seq_lens, score, page_size)
+    else:
+        scores = page_scores_torch(q, summary, page_table, seq_lens, score, page_size)
+    return select_from_scores(
+        scores, seq_lens, budgets, page_size=page_size, num_sink=num_sink, num_recent=num_recent
+    )
+
+
+def paged_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    selected: SelectedPages | None = None,
+    *,
+    scale: float | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    """Decode attention of one query token per sequence over its selected pages.
+
+    q: (B, H_q, D); k_cache, v_cache: (num_pages, PAGE_SIZE, H_kv, D); page_table: (B, max_pages)
+    int32; seq_lens: (B,) int32 including the current token; selected=None attends to every page.
+    Returns (B, H_q, D) in q's dtype. `validate=False` skips the value checks (page ids in range),
+    which cost a device sync; shapes, dtypes and strides are always checked.
+    """
+    check_decode_inputs(q, k_cache, v_cache, page_table, seq_lens, selected, validate)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if _use_triton(backend, q):
+        from .decode_triton import paged_decode_triton
+
+        return paged_decode_triton(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
+    return paged_decode_torch(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
+
+
+def _use_triton(backend: str, q: Tensor) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend == "triton" or (backend == "auto" and q.is_cuda)

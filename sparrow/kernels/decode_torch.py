@@ -1,0 +1,67 @@
+"""PyTorch paged (block-sparse) decode attention: the reference math and the CPU production path.
+
+One query token per sequence attends to the selected pages of its KV head. Vectorised over the
+batch: one index_select gathers exactly the selected pages' tokens (so the cost scales with the
+budget, not the context), then one batched matmul, a masked fp32 softmax and a second matmul.
+"""
+
+import torch
+from torch import Tensor
+
+from .selection import SelectedPages
+
+
+def paged_decode_torch(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    selected: SelectedPages | None,
+    scale: float,
+) -> Tensor:
+    """Decode attention over selected pages (all pages when `selected` is None). Returns (B, H_q, D)
+    in q's dtype. Inputs are assumed validated (see checks.py)."""
+    batch, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    device = q.device
+    num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
+
+    if selected is None:
+        num_slots = int(num_logical.max())
+        logical = torch.arange(num_slots, device=device).expand(batch, num_kv_heads, num_slots)
+        num_selected = num_logical  # (B,)
+    else:
+        logical = selected.logical_pages.long()  # (B, H_kv, S)
+        num_slots = logical.shape[2]
+        num_selected = selected.num_selected.long()  # (B,)
+    slot_valid = torch.arange(num_slots, device=device) < num_selected[:, None, None]  # (B, 1, S)
+    logical = torch.where(slot_valid, logical, 0)  # (B, H_kv, S) padding -> page 0, masked below
+    phys = torch.gather(page_table.long(), 1, logical.reshape(batch, -1))  # (B, H_kv * S)
+    phys = phys.view(batch, num_kv_heads, num_slots)  # (B, H_kv, S)
+
+    # Row of token (page, offset, head) in the cache viewed as (num_pages * PAGE_SIZE * H_kv, D).
+    offsets = torch.arange(page_size, device=device)  # (PAGE_SIZE,)
+    heads = torch.arange(num_kv_heads, device=device)[None, :, None, None]  # (1, H_kv, 1, 1)
+    rows = (phys[..., None] * page_size + offsets) * num_kv_heads + heads  # (B, H_kv, S, PAGE_SIZE)
+    position = logical[..., None] * page_size + offsets  # (B, H_kv, S, PAGE_SIZE)
+    token_valid = slot_valid[..., None] & (position < seq_lens.long()[:, None, None, None])
+    # Slots past seq_len may hold garbage (even NaN, which would survive a -inf mask through the
+    # matmuls): read the row's first token there instead, which is always valid, and mask it.
+    rows = torch.where(token_valid, rows, rows[:, :, :1, :1]).reshape(-1)
+    num_tokens = num_slots * page_size
+    keys = k_cache.reshape(-1, head_dim).index_select(0, rows).float()
+    values = v_cache.reshape(-1, head_dim).index_select(0, rows).float()
+    keys = keys.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
+    values = values.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
+
+    bias = torch.zeros(token_valid.shape, dtype=torch.float32, device=device)
+    bias.masked_fill_(~token_valid, float("-inf"))
+    bias = bias.view(batch, num_kv_heads, 1, num_tokens)  # (B, H_kv, 1, S*PAGE_SIZE)
+
+    q_groups = q.float().view(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
+    logits = torch.matmul(q_groups, keys.transpose(-1, -2)) * scale + bias  # (B, H_kv, G, T)
+    probs = torch.softmax(logits, dim=-1)  # (B, H_kv, G, T)
+    out = torch.matmul(probs, values)  # (B, H_kv, G, D)
+    return out.view(batch, num_q_heads, head_dim).to(q.dtype)

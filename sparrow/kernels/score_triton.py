@@ -1,0 +1,101 @@
+"""Triton page scoring: gathers each page's summary through the page table and scores it in one
+pass, so selection reads every summary once (the torch path materialises the gathered rows).
+
+One program per (sequence, KV head, block of BLOCK_P logical pages). Scores match
+selection.page_scores_torch: "centroid" = mean group query . key centroid; "quest" = per query
+head sum_d max(q_d*min_d, q_d*max_d), maxed over the GQA group.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .paged_cache import PageSummary
+from .selection import SCORE_MODES
+
+INTERPRETED = triton.knobs.runtime.interpret
+
+
+@triton.jit
+def _page_score_kernel(
+    q_ptr, mean_ptr, min_ptr, max_ptr, page_table_ptr, seq_lens_ptr, out_ptr,
+    stride_qb, stride_qh,
+    stride_sp, stride_sh,
+    stride_ptb, stride_ptp,
+    stride_ob, stride_oh,
+    max_pages,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_P: tl.constexpr, QUEST: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)  # (BLOCK_P,) logical pages
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    num_logical = tl.cdiv(tl.load(seq_lens_ptr + b), PAGE_SIZE)
+    p_ok = offs_p < num_logical
+    phys = tl.load(page_table_ptr + b * stride_ptb + offs_p * stride_ptp, mask=p_ok, other=0)
+    phys = tl.where(p_ok, phys, 0).to(tl.int64)  # unused columns read page 0, never garbage ids
+    g_mask = offs_g < GROUP
+    q = tl.load(
+        q_ptr + b * stride_qb + (kv_head * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None],
+        other=0.0,
+    ).to(tl.float32)  # (GROUP_PAD, HEAD_DIM)
+    rows = phys[:, None] * stride_sp + kv_head * stride_sh + offs_d[None, :]  # (BLOCK_P, HEAD_DIM)
+    if QUEST:
+        k_min = tl.load(min_ptr + rows, mask=p_ok[:, None], other=0.0)
+        k_max = tl.load(max_ptr + rows, mask=p_ok[:, None], other=0.0)
+        bound = tl.dot(tl.maximum(q, 0.0), tl.trans(k_max), input_precision="ieee")
+        bound += tl.dot(tl.minimum(q, 0.0), tl.trans(k_min), input_precision="ieee")
+        bound = tl.where(g_mask[:, None], bound, float("-inf"))  # (GROUP_PAD, BLOCK_P)
+        score = tl.max(bound, axis=0)
+    else:
+        k_mean = tl.load(mean_ptr + rows, mask=p_ok[:, None], other=0.0)
+        q_mean = tl.sum(q, axis=0) / GROUP  # (HEAD_DIM,)
+        score = tl.sum(k_mean * q_mean[None, :], axis=1)  # (BLOCK_P,)
+    tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, score, mask=offs_p < max_pages)
+
+
+def page_scores_triton(
+    q: Tensor,
+    summary: PageSummary,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    score: str,
+    page_size: int,
+) -> Tensor:
+    """(B, H_kv, max_pages) fp32 page scores; inputs already validated by checks.py."""
+    if score not in SCORE_MODES:
+        raise ValueError(f"score must be one of {SCORE_MODES}, got {score!r}")
+    if not q.is_cuda and not INTERPRETED:
+        raise RuntimeError(
+            "select_pages(backend='triton') on CPU needs TRITON_INTERPRET=1 set before "
+            "sparrow.kernels.score_triton is imported"
+        )
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = summary.k_mean.shape[1]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(
+            f"select_pages(triton): head dim must be a power of 2 >= 16, got {head_dim}"
+        )
+    for table in (summary.k_mean, summary.k_min, summary.k_max):
+        if not table.is_contiguous() or table.dtype != torch.float32:
+            raise ValueError("select_pages(triton): page summaries must be contiguous fp32")
+    group = num_q_heads // num_kv_heads
+    max_pages = page_table.shape[1]
+    block_p = 64
+    scores = torch.empty(batch, num_kv_heads, max_pages, device=q.device)
+    stride_sp, stride_sh, _ = summary.k_mean.stride()
+    _page_score_kernel[(batch, num_kv_heads, triton.cdiv(max_pages, block_p))](
+        q, summary.k_mean, summary.k_min, summary.k_max, page_table, seq_lens, scores,
+        q.stride(0), q.stride(1),
+        stride_sp, stride_sh,
+        page_table.stride(0), page_table.stride(1),
+        scores.stride(0), scores.stride(1),
+        max_pages,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size, BLOCK_P=block_p, QUEST=score == "quest",
+    )  # fmt: skip
+    return scores

@@ -1,0 +1,46 @@
+"""KV writes land at page * PAGE_SIZE + offset; page summaries equal a direct computation."""
+
+import pytest
+import torch
+
+from sparrow.kernels import PageSummary, update_page_summaries, write_kv
+
+
+def test_write_kv_places_each_token_at_its_slot():
+    k_cache = torch.zeros(4, 16, 2, 8)
+    v_cache = torch.zeros_like(k_cache)
+    k, v = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    slots = torch.tensor([2 * 16 + 5, 0, 3 * 16 + 15])
+    write_kv(k_cache, v_cache, k, v, slots)
+    assert torch.equal(k_cache[2, 5], k[0]) and torch.equal(v_cache[2, 5], v[0])
+    assert torch.equal(k_cache[0, 0], k[1]) and torch.equal(k_cache[3, 15], k[2])
+    assert int((k_cache != 0).any(-1).any(-1).sum()) == 3  # nothing else was touched
+
+
+def test_write_kv_casts_to_cache_dtype():
+    k_cache = torch.zeros(2, 16, 1, 8, dtype=torch.bfloat16)
+    k = torch.randn(1, 1, 8)
+    write_kv(k_cache, torch.zeros_like(k_cache), k, k, torch.tensor([17]))
+    assert torch.equal(k_cache[1, 1], k[0].bfloat16())
+
+
+def test_page_summaries_ignore_slots_past_fill_count():
+    k_cache = torch.full((3, 16, 2, 8), float("nan"))
+    k_cache[1, :5] = torch.randn(5, 2, 8)
+    k_cache[2] = torch.randn(16, 2, 8)
+    summary = PageSummary.empty(3, 2, 8, "cpu")
+    update_page_summaries(k_cache, summary, torch.tensor([1, 2]), torch.tensor([5, 16]))
+    for page, fill in ((1, 5), (2, 16)):
+        keys = k_cache[page, :fill]  # (fill, H_kv, D)
+        torch.testing.assert_close(summary.k_mean[page], keys.mean(0))
+        assert torch.equal(summary.k_min[page], keys.amin(0))
+        assert torch.equal(summary.k_max[page], keys.amax(0))
+    assert torch.equal(summary.k_mean[0], torch.zeros(2, 8))  # untouched page stays as it was
+
+
+def test_write_kv_rejects_mismatched_shapes():
+    k_cache = torch.zeros(2, 16, 2, 8)
+    with pytest.raises(ValueError, match=r"\(N, H_kv, D\)"):
+        write_kv(
+            k_cache, k_cache.clone(), torch.randn(3, 1, 8), torch.randn(3, 1, 8), torch.arange(3)
+        )

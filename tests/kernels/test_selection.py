@@ -1,0 +1,85 @@
+"""Page selection (torch scoring) against the loop reference and the rule of DESIGN.md §1."""
+
+import pytest
+import torch
+
+from sparrow.kernels import select_pages, update_page_summaries
+from sparrow.kernels.reference import select_pages_reference
+from sparrow.kernels.selection import page_scores_torch
+
+LENS = [200, 37, 16, 120, 1]  # 13, 3, 1, 8, 1 pages: partial, exact and single-token sequences
+BUDGETS = [5, 3, 4, 3, 3]
+
+
+def rows_of(selected):
+    counts = selected.num_selected.tolist()
+    pages = selected.logical_pages
+    return [
+        [pages[b, h, : counts[b]].tolist() for h in range(pages.shape[1])]
+        for b in range(len(counts))
+    ]
+
+
+@pytest.mark.parametrize("score", ["centroid", "quest"])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_selection_equals_reference(paged_batch, score, group):
+    batch = paged_batch(LENS, num_kv_heads=2, group=group, head_dim=64, seed=group)
+    budgets = torch.tensor(BUDGETS, dtype=torch.int32)
+    selected = select_pages(
+        batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets, score=score
+    )
+    expected = select_pages_reference(
+        batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets, score=score
+    )
+    assert rows_of(selected) == expected
+    assert (
+        selected.logical_pages.dtype == torch.int32 and selected.num_selected.dtype == torch.int32
+    )
+
+
+def test_selection_rule_sink_recent_and_counts(paged_batch):
+    batch = paged_batch(LENS, num_kv_heads=3, group=2, head_dim=64)
+    budgets = torch.tensor(BUDGETS, dtype=torch.int32)
+    selected = select_pages(batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets)
+    assert selected.num_selected.tolist() == [5, 3, 1, 3, 1]
+    assert selected.logical_pages.shape == (5, 3, 5)  # padded to the batch's largest count
+    rows = rows_of(selected)
+    for h in range(3):
+        assert rows[0][h][0] == 0 and rows[0][h][-2:] == [11, 12]  # sink + last two pages
+        assert rows[0][h] == sorted(set(rows[0][h]))  # ascending, no duplicates
+        assert rows[1][h] == [0, 1, 2]  # budget == pages: dense
+        assert rows[3][h] == [0, 6, 7]  # budget 3: sink and recent only
+    assert any(rows[0][h] != rows[0][0] for h in range(1, 3))  # heads choose independently
+
+
+def test_selection_honours_num_sink_and_num_recent(paged_batch):
+    batch = paged_batch([300], num_kv_heads=1, group=1, head_dim=64)  # 19 pages
+    budgets = torch.tensor([6], dtype=torch.int32)
+    selected = select_pages(
+        batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets, num_sink=2, num_recent=3
+    )
+    pages = selected.logical_pages[0, 0].tolist()
+    assert len(pages) == 6 and pages[:2] == [0, 1] and pages[-3:] == [16, 17, 18]
+
+
+def test_quest_picks_the_page_holding_the_matching_key(paged_batch):
+    batch = paged_batch([160], num_kv_heads=1, group=2, head_dim=64)  # 10 pages
+    target = batch.q[0, 1] * 10.0  # a key aligned with the second query head only
+    phys = int(batch.page_table[0, 4])
+    batch.k_cache[phys, 7, 0] = target
+    update_page_summaries(batch.k_cache, batch.summary, torch.tensor([phys]), torch.tensor([16]))
+    budgets = torch.tensor([4], dtype=torch.int32)
+    selected = select_pages(batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets)
+    assert selected.logical_pages[0, 0].tolist() == [0, 4, 8, 9]
+
+
+def test_quest_score_bounds_every_key_of_the_page(paged_batch):
+    batch = paged_batch([90], num_kv_heads=2, group=3, head_dim=64)
+    scores = page_scores_torch(
+        batch.q, batch.summary, batch.page_table, batch.seq_lens, "quest", 16
+    )
+    for h in range(2):
+        q_group = batch.q[0, 3 * h : 3 * h + 3]  # (G, D)
+        for p in range(6):
+            keys = batch.k_cache[int(batch.page_table[0, p]), : min(16, 90 - 16 * p), h]  # (T, D)
+            assert float((q_group @ keys.T).max()) <= float(scores[0, h, p]) + 1e-4
