@@ -76,7 +76,9 @@ class OnlineController:
         self.cfg = cfg
         self.schedule = schedule
         self.over_safe = [0] * schedule.num_bins  # consecutive over-safe observations per bin
-        self.last_actions: tuple[str, ...] = ()  # per bin: raise/lower/hold/empty (and forced)
+        self.last_actions: tuple[
+            str, ...
+        ] = ()  # per bin: raise/lower/hold/empty/saturated[+lifted]
 
     def update(self, stats: "Sequence[BinStats]") -> BudgetSchedule:
         """Apply one step's per-bin stats (as from `AcceptanceMonitor.summary()`)."""
@@ -93,7 +95,7 @@ class OnlineController:
         old = list(self.schedule.budgets_pages)
         n = max([len(old), *(b + 1 for b in observed)])
         old += [old[-1]] * (n - len(old))  # observed bins past the list inherit, then own a slot
-        self.over_safe += [self.over_safe[-1] if self.over_safe else 0] * (n - len(self.over_safe))
+        self.over_safe += [0] * (n - len(self.over_safe))
 
         new, actions = [], []
         for i in range(n):
@@ -102,6 +104,7 @@ class OnlineController:
             if s is None or s.count < cfg.min_tokens:
                 action = "empty"
             elif s.p5 < cfg.tau:
+                self.over_safe[i] = 0
                 proposal = step_up(old[i], grid)
                 action = "raise" if proposal > old[i] else "saturated"  # top of the grid
             elif s.p5 >= cfg.tau + cfg.margin:

@@ -80,9 +80,11 @@ def test_empty_and_sparse_bins_untouched_observed_bins_past_the_list_inherit():
     s = c.update(_stats({0: BAD}, count=5) + _stats({1: SAFE}, count=5))  # below min_tokens
     assert s.budgets_pages == (8, 16) and c.last_actions == ("empty", "empty")
     assert c.over_safe == [0, 0]
+    c.update(_stats({1: SAFE}))
     # Bin 4 observed failing: the list grows, bins 2-3 (unobserved) inherit 16, bin 4 is raised.
     s = c.update(_stats({4: BAD}))
     assert s.budgets_pages == (8, 16, 16, 16, 32)
+    assert c.over_safe == [0, 1, 0, 0, 0]  # new slots carry no evidence; bin 1 keeps its count
     assert s.budget_pages(10 * W) == 32  # beyond: the last value
 
 
