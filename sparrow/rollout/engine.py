@@ -1,0 +1,248 @@
+"""The rollout engine: the step loop that turns prompts into sampled completions with log-probs.
+
+    engine = LLMEngine(model, tokenizer, EngineConfig(num_pages=512), schedule=lambda ctx: 32)
+    outs = engine.generate(prompt_ids, SamplingParams(temperature=1.0, max_tokens=256), n=8)
+
+Each step the scheduler picks a prefill or a decode batch, the model runner computes logits, the
+sampler draws one token per sequence, and finished sequences (EOS, a stop token or string, max
+tokens) release their pages. Decode attention is block-sparse with a per-sequence budget from
+`schedule(context_tokens) -> pages` (None, or a None budget: dense). `score` teacher-forces given
+completions through the same paths, to compare the engine's policy with another one.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sparrow.rollout.block_manager import BlockManager
+from sparrow.rollout.model_runner import ModelRunner
+from sparrow.rollout.outputs import GenerationOutput, TokenRecords
+from sparrow.rollout.paged_attention import SparseAttentionConfig
+from sparrow.rollout.sampler import Sampler
+from sparrow.rollout.scheduler import PrefillBatch, Scheduler
+from sparrow.rollout.sequence import Sequence
+
+Schedule = Callable[[int], int | None]  # context length in tokens -> budget in pages (None: dense)
+
+
+@dataclass
+class EngineConfig:
+    page_size: int = 16  # tokens per KV page
+    num_pages: int = 1024  # KV pool size in pages (shared by all sequences), allocated once
+    max_batch_size: int = 64  # most sequences running at once
+    max_prefill_tokens: int = 8192  # most prompt tokens per prefill step (one group may exceed)
+    dense_layers: tuple[int, ...] = (0, 1)  # layers that always decode densely
+    score: str = "quest"  # page score of sparse layers: "quest" | "centroid"
+    num_sink: int = 1  # first pages always attended (attention sink)
+    num_recent: int = 2  # last pages always attended (recent window)
+    topk_logprobs: int = 20  # K of the recorded top-K log-probs
+    backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton"
+    dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
+    seed: int = 0  # sampler seed; each generate call reseeds with seed + call index
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept; 1.0 keeps the full vocabulary
+    top_k: int | None = None  # keep the k most likely tokens; None keeps all
+    max_tokens: int = 256  # completion length cap ("length")
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end a completion ("stop"), kept in it
+    stop_strings: tuple[str, ...] = ()  # strings whose appearance ends a completion ("stop")
+    ignore_eos: bool = False  # keep going past EOS (fixed-length benchmarks)
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer, cfg: EngineConfig, schedule: Schedule | None = None):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        attn = SparseAttentionConfig(
+            page_size=cfg.page_size,
+            dense_layers=tuple(cfg.dense_layers),
+            score=cfg.score,
+            num_sink=cfg.num_sink,
+            num_recent=cfg.num_recent,
+            backend=cfg.backend,
+        )
+        self.runner = ModelRunner(model, attn, cfg.num_pages, getattr(torch, cfg.dtype))
+        self.sampler = Sampler(cfg.topk_logprobs, cfg.seed, self.runner.device)
+        self.schedule = schedule
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.num_generate_calls = 0
+        self.last_stats: dict[str, float] = {}
+
+    def set_schedule(self, schedule: Schedule | None) -> None:
+        self.schedule = schedule
+
+    def update_weights(self, state_dict: dict[str, Tensor]) -> None:
+        """Copy HF-named weights (any subset; e.g. base + merged LoRA) in place; cache untouched."""
+        self.runner.model.load_state_dict(state_dict)
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+        progress: bool = False,
+    ) -> list[GenerationOutput]:
+        """n samples per prompt, ordered prompt-major (prompt 0's samples 0..n-1, then prompt 1)."""
+        _check_prompts(prompts, n, params)
+        self.sampler.reseed(self.cfg.seed + self.num_generate_calls)
+        self.num_generate_calls += 1
+        seqs = [
+            Sequence(i * n + j, i, list(p), params.max_tokens)
+            for i, p in enumerate(prompts)
+            for j in range(n)
+        ]
+        scheduler = self._new_scheduler()
+        for seq in seqs:
+            scheduler.add(seq)
+        records = TokenRecords(
+            len(seqs), params.max_tokens, self.cfg.topk_logprobs, self.runner.device
+        )
+        stop_ids = set(params.stop_token_ids)
+        eos_ids = set() if params.ignore_eos else set(self.eos_token_ids)
+        bar = tqdm(total=len(seqs), desc="generate", unit="seq", disable=not progress)
+        num_generated = 0
+        while not scheduler.is_finished():
+            batch = scheduler.schedule()
+            if isinstance(batch, PrefillBatch):
+                step_seqs = [s for g in batch.groups for s in g]
+                rows = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g])
+                logits = self.runner.prefill(batch.groups)[rows.to(self.runner.device)]
+                budgets = [self._pages(s.num_tokens) for s in step_seqs]  # prefill is dense
+            else:
+                step_seqs = batch.seqs
+                step_budgets = self._budgets(step_seqs)
+                logits = self.runner.decode(step_seqs, step_budgets)
+                budgets = step_budgets or [self._pages(s.num_tokens) for s in step_seqs]
+                budgets = [
+                    min(b, self._pages(s.num_tokens))
+                    for b, s in zip(budgets, step_seqs, strict=True)
+                ]
+            sampled = self.sampler(logits, params.temperature, params.top_p, params.top_k)
+            records.write(
+                [s.seq_id for s in step_seqs],
+                [len(s.completion_ids) for s in step_seqs],
+                sampled,
+                budgets,
+                [s.num_tokens for s in step_seqs],
+            )
+            for seq, token in zip(step_seqs, sampled.token_ids.tolist(), strict=True):
+                seq.completion_ids.append(token)
+                reason = self._stop_reason(seq, token, params, stop_ids, eos_ids)
+                if reason is not None:
+                    scheduler.finish(seq, reason)
+                    bar.update(1)
+            num_generated += len(step_seqs)
+            bar.set_postfix(tokens=num_generated, refresh=False)
+        bar.close()
+        self.last_stats = {"num_preemptions": scheduler.num_preemptions}
+        return [self._output(s, n, records) for s in seqs]
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[Tensor]:
+        """Teacher-force `completions`: logits (T_i, V) fp32 predicting completions[i][t] from
+        prompt + completions[i][:t], under the current schedule (prefill dense, decode sparse)."""
+        bm = BlockManager(self.cfg.num_pages, self.cfg.page_size)
+        seqs = [
+            Sequence(i, i, list(p), len(c))
+            for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+        ]
+        need = sum(
+            bm.pages_for_tokens(len(p) + len(c)) for p, c in zip(prompts, completions, strict=True)
+        )
+        if need > bm.num_pages:
+            raise ValueError(f"score needs {need} KV pages at once, the pool has {bm.num_pages}")
+        for seq in seqs:
+            bm.allocate_prefill([seq])
+        logits = [[row] for row in self.runner.prefill([[s] for s in seqs])]
+        for t in range(max(len(c) for c in completions) - 1):
+            step = [s for s, c in zip(seqs, completions, strict=True) if t + 1 < len(c)]
+            for seq in step:
+                seq.completion_ids.append(completions[seq.seq_id][t])
+                if bm.needs_page(seq):
+                    bm.append_page(seq)
+            for seq, row in zip(step, self.runner.decode(step, self._budgets(step)), strict=True):
+                logits[seq.seq_id].append(row)
+        return [torch.stack(rows)[: len(c)] for rows, c in zip(logits, completions, strict=True)]
+
+    def _new_scheduler(self) -> Scheduler:
+        bm = BlockManager(self.cfg.num_pages, self.cfg.page_size)
+        return Scheduler(bm, self.cfg.max_batch_size, self.cfg.max_prefill_tokens)
+
+    def _pages(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.cfg.page_size)
+
+    def _budgets(self, seqs: list[Sequence]) -> list[int] | None:
+        """Per-sequence page budgets for a decode step; None when every sequence is dense."""
+        if self.schedule is None:
+            return None
+        floor = self.cfg.num_sink + self.cfg.num_recent  # the forced pages always fit
+        budgets, any_sparse = [], False
+        for seq in seqs:
+            pages = self._pages(seq.num_tokens)
+            budget = self.schedule(seq.num_tokens)
+            if budget is None or budget >= pages:
+                budgets.append(pages)
+            else:
+                budgets.append(max(budget, floor))
+                any_sparse = True
+        return budgets if any_sparse else None
+
+    def _stop_reason(
+        self, seq: Sequence, token: int, params: SamplingParams, stop_ids: set, eos_ids: set
+    ) -> str | None:
+        if token in stop_ids:
+            return "stop"
+        if token in eos_ids:
+            return "eos"
+        if params.stop_strings and self._hits_stop_string(seq, params.stop_strings):
+            return "stop"
+        if len(seq.completion_ids) >= seq.max_tokens:
+            return "length"
+        return None
+
+    def _hits_stop_string(self, seq: Sequence, stop_strings: tuple[str, ...]) -> bool:
+        # A stop string completed by this token lies within its last few tokens (every token is
+        # at least one character, except special ones); earlier ones would have stopped already.
+        window = max(len(s) for s in stop_strings) + 2
+        tail = self.tokenizer.decode(seq.completion_ids[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stop_strings)
+
+    def _output(self, seq: Sequence, n: int, records: TokenRecords) -> GenerationOutput:
+        return records.output(
+            seq.seq_id,
+            len(seq.completion_ids),
+            prompt_index=seq.group_id,
+            sample_index=seq.seq_id % n,
+            prompt_ids=seq.prompt_ids,
+            token_ids=seq.completion_ids,
+            text=self.tokenizer.decode(seq.completion_ids, skip_special_tokens=True),
+            finish_reason=seq.finish_reason,
+            num_preemptions=seq.num_preemptions,
+        )
+
+
+def _eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """EOS ids from the generation config (what HF generate stops on), else the model config,
+    plus the tokenizer's."""
+    gen = getattr(model, "generation_config", None)
+    ids = getattr(gen, "eos_token_id", None) or getattr(model.config, "eos_token_id", None)
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))
+
+
+def _check_prompts(prompts: list[list[int]], n: int, params: SamplingParams) -> None:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate needs at least one prompt, and no empty prompt")
+    if n < 1 or params.max_tokens < 1:
+        raise ValueError(
+            f"need n >= 1 and max_tokens >= 1, got n={n}, max_tokens={params.max_tokens}"
+        )
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")

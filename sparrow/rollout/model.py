@@ -1,0 +1,247 @@
+"""Sparrow's forward pass for the Llama and Qwen3 families, on weights copied from an HF model.
+
+RMSNorm, RoPE (rope.py), GQA attention with Qwen3's per-head q/k RMSNorm, SwiGLU MLP, tied or
+separate LM head. Single-device and batch-flat: prefill takes the concatenated tokens of several
+prompts (N, hidden) and runs dense causal attention per prompt; decode takes one token per
+sequence (B, hidden) and attends through the paged KV cache (paged_attention.py). The q/k/v and
+gate/up projections are fused into one matrix each (fewer, larger matmuls). Weights are the
+engine's own copy, so `load_state_dict` can refresh them in place from any HF-named state dict
+(the trainer's, or base + merged LoRA) without touching the KV cache.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
+from sparrow.rollout.rope import Rope, apply_rope, rope_from_config
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
+# Prefixes that wrappers put in front of HF parameter names (PEFT, DDP).
+_NAME_PREFIXES = ("base_model.model.", "module.")
+
+
+@dataclass
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_eps: float
+    qk_norm: bool  # Qwen3: RMSNorm over each head of q and k before RoPE
+    attention_bias: bool
+    tied_embeddings: bool
+
+    @staticmethod
+    def from_config(config) -> "ModelShape":
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {config.model_type!r} not supported; expected {SUPPORTED_MODEL_TYPES}"
+            )
+        if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
+            raise ValueError("only bias-free SwiGLU MLPs (hidden_act='silu') are supported")
+        if getattr(config, "use_sliding_window", False):
+            raise ValueError("sliding-window attention is not supported")
+        heads = config.num_attention_heads
+        return ModelShape(
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_q_heads=heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            vocab_size=config.vocab_size,
+            rms_eps=config.rms_norm_eps,
+            qk_norm=config.model_type == "qwen3",
+            attention_bias=bool(getattr(config, "attention_bias", False)),
+            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+
+@dataclass
+class LayerWeights:
+    input_norm: Tensor  # (hidden,)
+    qkv: Tensor  # ((H_q + 2 H_kv) D, hidden): q, k, v projections stacked
+    qkv_bias: Tensor | None  # ((H_q + 2 H_kv) D,) when attention_bias
+    q_norm: Tensor | None  # (D,) Qwen3 only
+    k_norm: Tensor | None  # (D,) Qwen3 only
+    o: Tensor  # (hidden, H_q D)
+    o_bias: Tensor | None  # (hidden,) when attention_bias
+    post_norm: Tensor  # (hidden,)
+    gate_up: Tensor  # (2 I, hidden): gate and up projections stacked
+    down: Tensor  # (hidden, I)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """As transformers does it: normalise in fp32, cast back, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class DecoderModel:
+    def __init__(self, config, state_dict: Mapping[str, Tensor], dtype: torch.dtype, device):
+        s = self.shape = ModelShape.from_config(config)
+        self.rope: Rope = rope_from_config(config, s.head_dim)
+        self.rope.inv_freq = self.rope.inv_freq.to(device)
+        self.dtype = dtype
+
+        def new(*shape: int) -> Tensor:
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        qkv_rows = (s.num_q_heads + 2 * s.num_kv_heads) * s.head_dim
+        self.embed = new(s.vocab_size, s.hidden_size)
+        self.final_norm = new(s.hidden_size)
+        self.lm_head = self.embed if s.tied_embeddings else new(s.vocab_size, s.hidden_size)
+        self.layers = [
+            LayerWeights(
+                input_norm=new(s.hidden_size),
+                qkv=new(qkv_rows, s.hidden_size),
+                qkv_bias=new(qkv_rows) if s.attention_bias else None,
+                q_norm=new(s.head_dim) if s.qk_norm else None,
+                k_norm=new(s.head_dim) if s.qk_norm else None,
+                o=new(s.hidden_size, s.num_q_heads * s.head_dim),
+                o_bias=new(s.hidden_size) if s.attention_bias else None,
+                post_norm=new(s.hidden_size),
+                gate_up=new(2 * s.intermediate_size, s.hidden_size),
+                down=new(s.hidden_size, s.intermediate_size),
+            )
+            for _ in range(s.num_layers)
+        ]
+        self._targets = self._parameter_views()
+        loaded = self.load_state_dict(state_dict)
+        missing = set(self._targets) - loaded - {"lm_head.weight"}
+        if missing:
+            raise KeyError(f"state dict lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}")
+
+    def _parameter_views(self) -> dict[str, Tensor]:
+        """HF parameter name -> the slice of sparrow's (fused) weight that holds it."""
+        s = self.shape
+        q_rows, kv_rows = s.num_q_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        splits = {"q_proj": (0, q_rows), "k_proj": (q_rows, kv_rows)}
+        splits["v_proj"] = (q_rows + kv_rows, kv_rows)
+        views = {
+            "model.embed_tokens.weight": self.embed,
+            "model.norm.weight": self.final_norm,
+            "lm_head.weight": self.lm_head,
+        }
+        inter = s.intermediate_size
+        for i, w in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            views[p + "input_layernorm.weight"] = w.input_norm
+            views[p + "post_attention_layernorm.weight"] = w.post_norm
+            for name, (start, rows) in splits.items():
+                views[p + f"self_attn.{name}.weight"] = w.qkv[start : start + rows]
+                if w.qkv_bias is not None:
+                    views[p + f"self_attn.{name}.bias"] = w.qkv_bias[start : start + rows]
+            views[p + "self_attn.o_proj.weight"] = w.o
+            if w.o_bias is not None:
+                views[p + "self_attn.o_proj.bias"] = w.o_bias
+            if w.q_norm is not None:
+                views[p + "self_attn.q_norm.weight"] = w.q_norm
+                views[p + "self_attn.k_norm.weight"] = w.k_norm
+            views[p + "mlp.gate_proj.weight"] = w.gate_up[:inter]
+            views[p + "mlp.up_proj.weight"] = w.gate_up[inter:]
+            views[p + "mlp.down_proj.weight"] = w.down
+        return views
+
+    @torch.inference_mode()
+    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> set[str]:
+        """Copy HF-named weights in place (any subset); returns the names loaded."""
+        loaded = set()
+        for raw_name, tensor in state_dict.items():
+            name = raw_name
+            for prefix in _NAME_PREFIXES:
+                name = name.removeprefix(prefix)
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name not in self._targets:
+                hint = (
+                    " (merge LoRA adapters into the base weights first)" if "lora_" in name else ""
+                )
+                raise KeyError(f"unexpected weight {raw_name!r}{hint}")
+            target = self._targets[name]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"{raw_name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+    def prefill(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        seq_bounds: list[tuple[int, int]],
+        last_rows: Tensor,
+        kv: PagedKVCache,
+        meta: PrefillMetadata,
+    ) -> Tensor:
+        """input_ids, positions (N,) of concatenated prompts -> logits (G, V) fp32 at last_rows."""
+        scale = self.shape.head_dim**-0.5
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            kv.write_prefill(layer, k, v, meta)
+            outs = []
+            for start, end in seq_bounds:
+                qs = q[start:end].transpose(0, 1)[None]  # (1, H_q, L, D)
+                ks = k[start:end].transpose(0, 1)[None]  # (1, H_kv, L, D)
+                vs = v[start:end].transpose(0, 1)[None]  # (1, H_kv, L, D)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+                )  # (1, H_q, L, D)
+                outs.append(o[0].transpose(0, 1))  # (L, H_q, D)
+            return torch.cat(outs) if len(outs) > 1 else outs[0]  # (N, H_q, D)
+
+        hidden = self._forward(input_ids, positions, attend)  # (N, hidden)
+        return self._logits(hidden[last_rows])
+
+    def decode(
+        self, input_ids: Tensor, positions: Tensor, kv: PagedKVCache, meta: DecodeMetadata
+    ) -> Tensor:
+        """One token per sequence: input_ids, positions (B,) -> logits (B, V) fp32."""
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return kv.decode_attention(layer, q, k, v, meta)
+
+        return self._logits(self._forward(input_ids, positions, attend))
+
+    def _forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        attend: Callable[[int, Tensor, Tensor, Tensor], Tensor],
+    ) -> Tensor:
+        s = self.shape
+        n = input_ids.shape[0]
+        q_size, kv_size = s.num_q_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        cos, sin = self.rope.cos_sin(positions, self.dtype)  # (N, 1, D/2) each
+        x = F.embedding(input_ids, self.embed)  # (N, hidden)
+        for i, w in enumerate(self.layers):
+            h = rms_norm(x, w.input_norm, s.rms_eps)
+            qkv = F.linear(h, w.qkv, w.qkv_bias)  # (N, (H_q + 2 H_kv) D)
+            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+            q = q.view(n, s.num_q_heads, s.head_dim)  # (N, H_q, D)
+            k = k.view(n, s.num_kv_heads, s.head_dim)  # (N, H_kv, D)
+            v = v.view(n, s.num_kv_heads, s.head_dim)  # (N, H_kv, D)
+            if w.q_norm is not None:
+                q = rms_norm(q, w.q_norm, s.rms_eps)
+                k = rms_norm(k, w.k_norm, s.rms_eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            o = attend(i, q, k, v.contiguous())  # (N, H_q, D)
+            x = x + F.linear(o.reshape(n, q_size), w.o, w.o_bias)
+            h = rms_norm(x, w.post_norm, s.rms_eps)
+            gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)  # (N, I) each
+            x = x + F.linear(F.silu(gate) * up, w.down)
+        return x
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        hidden = rms_norm(hidden, self.final_norm, self.shape.rms_eps)
+        return F.linear(hidden, self.lm_head).float()  # (B, V)

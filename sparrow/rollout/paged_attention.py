@@ -1,0 +1,108 @@
+"""The paged KV cache of one engine and the attention that reads it during decode.
+
+Owns the K/V pages of every layer (allocated once, sized by `num_pages`), the page summaries of
+the sparse layers, and the per-step metadata that says where each token goes. Decode attention
+is dense on `dense_layers` and block-sparse elsewhere: pages are chosen per (sequence, KV head)
+by `select_pages` with the sequence's budget, then `paged_decode` attends to them (DESIGN.md §1).
+Summaries of sparse layers are kept current on every write, so that a schedule can be switched
+on at any time.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sparrow.kernels import PageSummary, paged_decode, select_pages, update_page_summaries, write_kv
+
+
+@dataclass
+class SparseAttentionConfig:
+    page_size: int = 16  # tokens per KV page
+    dense_layers: tuple[int, ...] = (0, 1)  # layers that always attend to every page
+    score: str = "quest"  # page score of the sparse layers: "quest" | "centroid"
+    num_sink: int = 1  # first pages always kept (attention sink)
+    num_recent: int = 2  # last pages always kept (recent window, with the partial page)
+    backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton"
+
+
+@dataclass
+class PrefillMetadata:
+    kv_rows: Tensor  # (M,) int64, rows of the flattened prefill batch whose K/V are written
+    slot_mapping: Tensor  # (M,) int64, cache slot (page * page_size + offset) of each such row
+    page_ids: Tensor  # (P,) int64, physical pages written, for the summaries
+    fill_counts: Tensor  # (P,) int64, valid tokens in each of them
+
+
+@dataclass
+class DecodeMetadata:
+    """Built once per decode step by the model runner; read by every layer."""
+
+    slot_mapping: Tensor  # (B,) int64, cache slot of each sequence's input token
+    page_table: Tensor  # (B, max_pages) int32, physical page of each logical page
+    seq_lens: Tensor  # (B,) int32, cached tokens including the input token
+    last_page_ids: Tensor  # (B,) int64, page the input token lands in
+    last_page_fill: Tensor  # (B,) int64, valid tokens in that page after the write
+    budgets: Tensor | None  # (B,) int32 pages per sparse layer; None: every layer dense
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        cfg: SparseAttentionConfig,
+        *,
+        num_layers: int,
+        num_pages: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        bad = [i for i in cfg.dense_layers if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"dense_layers {bad} out of range for a {num_layers}-layer model")
+        self.cfg = cfg
+        self.num_pages = num_pages
+        shape = (num_layers, num_pages, cfg.page_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, P, PAGE, H_kv, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, P, PAGE, H_kv, D)
+        self.summaries: list[PageSummary | None] = [
+            None
+            if layer in cfg.dense_layers
+            else PageSummary.empty(num_pages, num_kv_heads, head_dim, device)
+            for layer in range(num_layers)
+        ]
+
+    def write_prefill(self, layer: int, k: Tensor, v: Tensor, meta: PrefillMetadata) -> None:
+        """k, v (N, H_kv, D) of the flattened prefill batch; shared prompt rows are written once."""
+        write_kv(self.k[layer], self.v[layer], k[meta.kv_rows], v[meta.kv_rows], meta.slot_mapping)
+        summary = self.summaries[layer]
+        if summary is not None:
+            update_page_summaries(self.k[layer], summary, meta.page_ids, meta.fill_counts)
+
+    def decode_attention(
+        self, layer: int, q: Tensor, k: Tensor, v: Tensor, meta: DecodeMetadata
+    ) -> Tensor:
+        """q (B, H_q, D), this step's k, v (B, H_kv, D) -> attention output (B, H_q, D)."""
+        k_cache, v_cache = self.k[layer], self.v[layer]
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        summary = self.summaries[layer]
+        if summary is not None:
+            update_page_summaries(k_cache, summary, meta.last_page_ids, meta.last_page_fill)
+        selected = None
+        if summary is not None and meta.budgets is not None:
+            selected = select_pages(
+                q,
+                summary,
+                meta.page_table,
+                meta.seq_lens,
+                meta.budgets,
+                score=self.cfg.score,
+                page_size=self.cfg.page_size,
+                num_sink=self.cfg.num_sink,
+                num_recent=self.cfg.num_recent,
+                backend=self.cfg.backend,
+            )
+        return paged_decode(
+            q, k_cache, v_cache, meta.page_table, meta.seq_lens, selected, backend=self.cfg.backend
+        )

@@ -1,0 +1,84 @@
+"""Token sampling with temperature, top-k and top-p, and the log-probs RL needs for each token.
+
+For every sampled token it returns two log-probs:
+- `logprobs`: full-vocabulary log-softmax of logits / temperature. This is the rollout policy the
+  dense actor is compared against (importance ratios, acceptance): top-k/top-p truncation is a
+  sampling device, and dividing by the truncated probability would bias the ratios.
+- `sampling_logprobs`: under the truncated, renormalised distribution actually sampled from.
+plus the top-K ids and full-vocabulary log-probs (K = `topk_logprobs`). Greedy (temperature 0)
+reports log-probs at temperature 1. Seeded through one torch.Generator: the same engine seed and
+the same batches give the same tokens.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: Tensor  # (B,) int64
+    logprobs: Tensor  # (B,) fp32, full-vocabulary log-prob at the temperature
+    sampling_logprobs: Tensor  # (B,) fp32, under the top-k/top-p truncated distribution
+    topk_ids: Tensor  # (B, K) int64, most likely tokens, descending
+    topk_logprobs: Tensor  # (B, K) fp32, their full-vocabulary log-probs
+
+
+class Sampler:
+    def __init__(self, topk_logprobs: int, seed: int, device: torch.device):
+        self.topk_logprobs = topk_logprobs
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def reseed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    def __call__(
+        self, logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int | None = None
+    ) -> SamplerOutput:
+        """logits (B, V) fp32 -> one token per row."""
+        greedy = temperature == 0.0
+        scaled = logits if greedy else logits / temperature  # (B, V)
+        logprobs_full = torch.log_softmax(scaled, dim=-1)  # (B, V)
+        topk = logprobs_full.topk(self.topk_logprobs, dim=-1)  # (B, K)
+        if greedy:
+            token_ids = logits.argmax(dim=-1)  # (B,)
+            sampling_logprobs = torch.zeros(token_ids.shape, dtype=torch.float32)
+        else:
+            truncated = truncate(scaled, top_p, top_k)  # (B, V), -inf outside the kept set
+            logprobs_trunc = logprobs_full if truncated is scaled else truncated.log_softmax(-1)
+            # Exponential race: argmax(p / E), E ~ Exp(1), draws from p without a cumsum.
+            noise = torch.empty_like(logprobs_trunc).exponential_(generator=self.generator)
+            token_ids = (logprobs_trunc - noise.log()).argmax(dim=-1)  # (B,)
+            sampling_logprobs = logprobs_trunc.gather(1, token_ids[:, None])[:, 0]
+        return SamplerOutput(
+            token_ids=token_ids,
+            logprobs=logprobs_full.gather(1, token_ids[:, None])[:, 0],
+            sampling_logprobs=sampling_logprobs.to(logits.device),
+            topk_ids=topk.indices,
+            topk_logprobs=topk.values,
+        )
+
+
+def truncate(scaled_logits: Tensor, top_p: float, top_k: int | None) -> Tensor:
+    """Mask (to -inf) tokens outside top-k, then outside the top-p nucleus of what is left.
+    Returns the input itself when neither is active."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    out = scaled_logits
+    vocab = out.shape[-1]
+    if top_k is not None and top_k < vocab:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+        kth = out.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = out.sort(dim=-1, descending=True)  # (B, V)
+        probs = sorted_logits.softmax(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it
+        # already does (the most likely token is always kept).
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p  # (B, V)
+        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
