@@ -186,7 +186,7 @@ class LLMEngine:
             pages = self._pages(seq.num_tokens)
             budget = self.schedule(seq.num_tokens)
             if budget is None or budget >= pages:
-                budgets.append(pages)
+                budgets.append(max(pages, floor))  # all pages: the selection keeps every one
             else:
                 budgets.append(max(budget, floor))
                 any_sparse = True
@@ -244,5 +244,7 @@ def _check_prompts(prompts: list[list[int]], n: int, params: SamplingParams) -> 
         raise ValueError(
             f"need n >= 1 and max_tokens >= 1, got n={n}, max_tokens={params.max_tokens}"
         )
+    if any(not s for s in params.stop_strings):
+        raise ValueError("stop_strings must not contain an empty string")
     if params.temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {params.temperature}")

@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from sparrow.models import ModelConfig, load_model
+from sparrow.models import LoadedModel, ModelConfig, load_model, tiny_model_config
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +27,12 @@ def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     # Skip the special tokens (0..2 in the tiny tokenizer) so EOS is not in prompts.
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def lively_llama(tiny_llama):
+    """A tiny Llama with large random weights: greedy outputs vary with context (the default
+    init repeats one token), so the engine tests can tell right from wrong KV."""
+    config = tiny_model_config("llama", vocab_size=len(tiny_llama.tokenizer))
+    config.initializer_range = 0.2
+    return LoadedModel(random_model(config, seed=0), tiny_llama.tokenizer)
