@@ -33,6 +33,7 @@ setup(
     entry_points={
         "console_scripts": [
             "sparrow-train=sparrow.cli.train:main",
+            "sparrow-bench=sparrow.bench.cli:main",
         ]
     },
 )

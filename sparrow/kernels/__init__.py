@@ -40,16 +40,18 @@ def select_pages(
     num_sink: int = 1,
     num_recent: int = 2,
     backend: str = "auto",
+    validate: bool = True,
 ) -> SelectedPages:
     """Choose the pages each (sequence, KV head) attends to at this decode step.
 
     q: (B, H_q, D) current queries; page_table: (B, max_pages) int32 physical ids; seq_lens: (B,)
     int32 tokens cached including the current one; budgets: (B,) int32 pages. The backend only
     changes how page scores are computed (Triton: one fused gather+score kernel); the top-k and
-    the compaction into ascending rows are torch on every device.
+    the compaction into ascending rows are torch on every device (one device sync, to size the
+    output). `validate=False` skips the value checks (page ids, budgets), as in `paged_decode`.
     """
     check_select_inputs(
-        q, summary, page_table, seq_lens, budgets, score, page_size, num_sink, num_recent
+        q, summary, page_table, seq_lens, budgets, score, page_size, num_sink, num_recent, validate
     )
     if _use_triton(backend, q):
         from .score_triton import page_scores_triton

@@ -83,6 +83,7 @@ def check_select_inputs(
     page_size: int,
     num_sink: int,
     num_recent: int,
+    check_values: bool,
 ) -> None:
     """Raise ValueError/TypeError with a one-line reason if select_pages' inputs are malformed."""
     if score not in SCORE_MODES:
@@ -107,6 +108,8 @@ def check_select_inputs(
     _check_index(budgets, "budgets", 1, batch)
     if num_sink < 1 or num_recent < 1 or page_size < 1:
         raise ValueError("select_pages: num_sink, num_recent and page_size must be >= 1")
+    if not check_values:
+        return
     _check_decode_values(num_pages, page_size, page_table, seq_lens, None)
     if int(budgets.min()) < num_sink + num_recent:
         raise ValueError(

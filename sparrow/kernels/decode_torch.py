@@ -60,7 +60,7 @@ def paged_decode_torch(
     bias.masked_fill_(~token_valid, float("-inf"))
     bias = bias.view(batch, num_kv_heads, 1, num_tokens)  # (B, H_kv, 1, S*PAGE_SIZE)
 
-    q_groups = q.float().view(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
+    q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
     logits = torch.matmul(q_groups, keys.transpose(-1, -2)) * scale + bias  # (B, H_kv, G, T)
     probs = torch.softmax(logits, dim=-1)  # (B, H_kv, G, T)
     out = torch.matmul(probs, values)  # (B, H_kv, G, D)

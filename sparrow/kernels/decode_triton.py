@@ -18,8 +18,6 @@ from torch import Tensor
 
 from .selection import SelectedPages
 
-INTERPRETED = triton.knobs.runtime.interpret
-
 
 @triton.jit
 def _decode_split_kernel(
@@ -32,7 +30,7 @@ def _decode_split_kernel(
     stride_sb, stride_sh, stride_ss,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    pages_per_split,
+    num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGES_PER_ITER: tl.constexpr, DENSE: tl.constexpr,
     COMPUTE_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -45,6 +43,9 @@ def _decode_split_kernel(
         num_sel = tl.cdiv(seq_len, PAGE_SIZE)
     else:
         num_sel = tl.load(num_sel_ptr + b)
+    # Splits divide this sequence's own pages (whole iterations each), so a short sequence in a
+    # batch of long ones still spreads over every split, and the host needs no page count.
+    pages_per_split = tl.cdiv(tl.cdiv(num_sel, num_splits), PAGES_PER_ITER) * PAGES_PER_ITER
     lo = split * pages_per_split
     hi = tl.minimum(lo + pages_per_split, num_sel)
 
@@ -123,6 +124,11 @@ def _decode_split_kernel(
     tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)
 
 
+# TRITON_INTERPRET was read when the kernel above was decorated; this is what the launcher and
+# the tests need to know (and it does not depend on the Triton version's config API).
+INTERPRETED = type(_decode_split_kernel).__name__ == "InterpretedFunction"
+
+
 @triton.jit
 def _merge_splits_kernel(
     o_ptr, lse_ptr, out_ptr, num_splits,
@@ -184,15 +190,11 @@ def paged_decode_triton(
     if pages_per_iter is None:
         pages_per_iter = 1 if INTERPRETED else 4
     pages_per_iter = max(pages_per_iter, triton.cdiv(16, page_size))  # tl.dot needs N >= 16
-    if selected is None:
-        max_slots = triton.cdiv(int(seq_lens.max()), page_size)
-    else:
-        max_slots = selected.logical_pages.shape[2]
+    # An upper bound on any row's page count that needs no device sync.
+    max_slots = page_table.shape[1] if selected is None else selected.logical_pages.shape[2]
     if num_splits is None:
-        num_splits = _default_num_splits(q, batch * num_kv_heads, max_slots, pages_per_iter)
-    pages_per_split = triton.cdiv(triton.cdiv(max_slots, num_splits), pages_per_iter)
-    pages_per_split *= pages_per_iter
-    num_splits = triton.cdiv(max_slots, pages_per_split)
+        num_splits = _default_num_splits(q, batch * num_kv_heads)
+    num_splits = max(1, min(num_splits, triton.cdiv(max_slots, pages_per_iter)))
 
     o_part = torch.empty(batch, num_q_heads, num_splits, head_dim, device=q.device)
     lse_part = torch.empty(batch, num_q_heads, num_splits, device=q.device)
@@ -211,7 +213,7 @@ def paged_decode_triton(
         sel.stride(0), sel.stride(1), sel.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
-        pages_per_split,
+        num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         PAGE_SIZE=page_size, PAGES_PER_ITER=pages_per_iter, DENSE=selected is None,
         COMPUTE_FP32=INTERPRETED or fp32, DOT_PRECISION="ieee" if fp32 or INTERPRETED else "tf32",
@@ -227,9 +229,10 @@ def paged_decode_triton(
     return out
 
 
-def _default_num_splits(q: Tensor, num_rows: int, max_slots: int, pages_per_iter: int) -> int:
-    """Enough splits for ~2 waves of programs on the GPU, never more than one per iteration."""
+def _default_num_splits(q: Tensor, num_rows: int) -> int:
+    """Enough (sequence, KV head, split) programs for ~2 waves on the GPU; 1 in the interpreter,
+    where programs run one after another anyway."""
     if not q.is_cuda:
         return 1
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    return max(1, min(triton.cdiv(2 * num_sms, num_rows), triton.cdiv(max_slots, pages_per_iter)))
+    return triton.cdiv(2 * num_sms, num_rows)

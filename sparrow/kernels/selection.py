@@ -48,7 +48,7 @@ def page_scores_torch(
     num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
     in_use = torch.arange(max_pages, device=q.device)[None, :] < num_logical[:, None]
     phys = torch.where(in_use, page_table.long(), 0).reshape(-1)  # (B * max_pages,)
-    q_groups = q.float().view(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
+    q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
 
     def gathered(table: Tensor) -> Tensor:  # (B, H_kv, D, max_pages)
         rows = table.index_select(0, phys).view(batch, max_pages, num_kv_heads, head_dim)

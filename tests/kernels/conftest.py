@@ -31,6 +31,7 @@ def build_paged_batch(
     extra_columns: int = 2,
     strided_table: bool = False,
     seed: int = 0,
+    device: str = "cpu",
 ) -> PagedBatch:
     """Sequences get shuffled (non-contiguous) physical pages out of a pool with spare pages; the
     page table has unused columns set to -1, and can be a strided view (`strided_table`)."""
@@ -58,10 +59,16 @@ def build_paged_batch(
         fill = torch.full((n,), page_size)
         fill[-1] = seq_len - (n - 1) * page_size
         update_page_summaries(k_cache, summary, table[b, :n], fill)
-    if strided_table:
-        table = torch.stack([table, table], dim=-1)[..., 0]  # same values, column stride 2
     q = torch.randn(len(seq_lens), num_kv_heads * group, head_dim, generator=gen).to(dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
+    if device != "cpu":
+        summary = PageSummary(
+            *(t.to(device) for t in (summary.k_mean, summary.k_min, summary.k_max))
+        )
+        q, k_cache, v_cache, lens = (t.to(device) for t in (q, k_cache, v_cache, lens))
+        table = table.to(device)
+    if strided_table:
+        table = torch.stack([table, table], dim=-1)[..., 0]  # same values, column stride 2
     return PagedBatch(q, k_cache, v_cache, table, lens, summary, page_size)
 
 

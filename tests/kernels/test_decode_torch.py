@@ -77,3 +77,15 @@ def test_custom_scale(paged_batch):
         out.double(), attention_reference(*args, scale=0.3), atol=1e-5, rtol=0
     )
     assert not torch.allclose(out, paged_decode(*args), atol=1e-3)
+
+
+def test_query_view_with_strided_heads(paged_batch):
+    """q sliced out of a fused projection: last dim contiguous, heads strided."""
+    batch = paged_batch([40, 70], num_kv_heads=2, group=2, head_dim=64)
+    fused = torch.randn(2, 4, 3 * 64)
+    q = fused[..., :64]  # (B, H_q, D), stride (768, 192, 1)
+    args = (q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens)
+    budgets = torch.tensor([3, 3], dtype=torch.int32)
+    selected = select_pages(q, batch.summary, batch.page_table, batch.seq_lens, budgets)
+    expected = attention_reference(q.contiguous(), *args[1:], selected)
+    torch.testing.assert_close(paged_decode(*args, selected).double(), expected, atol=1e-5, rtol=0)

@@ -72,15 +72,17 @@ def test_budget_at_least_pages_equals_dense(paged_batch):
     )
 
 
-@pytest.mark.parametrize("page_size,pages_per_iter", [(8, 2), (32, 1), (16, 4)])
-def test_other_page_sizes_and_tiles(paged_batch, page_size, pages_per_iter):
+@pytest.mark.parametrize("page_size,pages_per_iter,num_splits", [(8, 2, 2), (32, 1, 8), (16, 4, 5)])
+def test_other_page_sizes_tiles_and_empty_splits(
+    paged_batch, page_size, pages_per_iter, num_splits
+):
     batch = paged_batch([70, 9, 64], num_kv_heads=2, group=2, head_dim=64, page_size=page_size)
     budgets = torch.tensor([3, 3, 3], dtype=torch.int32)
     selected = select_pages(
         batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets, page_size=page_size
     )
     out = decode_triton.paged_decode_triton(
-        *decode_args(batch, selected), 0.125, num_splits=2, pages_per_iter=pages_per_iter
+        *decode_args(batch, selected), 0.125, num_splits=num_splits, pages_per_iter=pages_per_iter
     )
     expected = attention_reference(*decode_args(batch, selected))
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
@@ -114,3 +116,12 @@ def test_score_kernel_equals_torch(paged_batch, score, group, head_dim):
     by_triton = select_pages(*sel_args, score=score, backend="triton")
     by_torch = select_pages(*sel_args, score=score, backend="torch")
     assert torch.equal(by_triton.logical_pages, by_torch.logical_pages)
+
+
+def test_query_view_with_strided_heads(paged_batch):
+    batch = paged_batch([40, 70], num_kv_heads=2, group=2, head_dim=64)
+    q = torch.randn(2, 4, 3 * 64)[..., :64]  # (B, H_q, D) sliced out of a fused projection
+    args = (q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens)
+    expected = attention_reference(q.contiguous(), *args[1:])
+    out = paged_decode(*args, backend="triton")
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)

@@ -1,0 +1,25 @@
+"""`sparrow-bench <name> [args]`: dispatch to a benchmark module's `main(argv)`.
+
+Modules are imported only when chosen, so one benchmark's heavy imports never slow another.
+"""
+
+import importlib
+import sys
+
+COMMANDS = {
+    "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        names = ", ".join(sorted(COMMANDS))
+        print(f"usage: sparrow-bench {{{names}}} [--help]", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]])
+    return module.main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
