@@ -1,0 +1,351 @@
+"""The dense actor: an HF causal LM trained under DeepSpeed ZeRO (the only module importing it).
+
+`DenseActor` owns the DeepSpeed engine around the policy. It answers two questions for the
+trainer: dense log-probs (of the given tokens and the top-K per position) with the whole
+(batch x length x vocab) logits tensor never materialised at once, and one optimizer update from
+a list of micro-batches whose loss is already normalised by the global token count of the step.
+It also gathers full weights for the rollout engine's sync, saves/loads DeepSpeed checkpoints and
+exports the policy as an HF model directory.
+
+Conventions: every per-token output is aligned to the position of the token it describes
+(position 0 has no prediction and is 0), as in `sparrow.batch.RolloutBatch`. The policy runs in
+eval mode in both passes (no dropout), so the PPO ratio is exactly 1 on a step's first update.
+Under ZeRO-3 every call here is a collective: all ranks call it with the same number of
+micro-batches (checked, to fail loudly instead of hanging).
+"""
+
+import logging
+import math
+import os
+import socket
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+# Before importing deepspeed: pick its CPU accelerator explicitly (it otherwise warns on import).
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import deepspeed  # noqa: E402
+
+deepspeed.utils.logger.setLevel(logging.WARNING)
+# DeepSpeed 0.19 calls these torch collectives under their deprecated names on every ZeRO step.
+warnings.filterwarnings(
+    "ignore",
+    message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    category=FutureWarning,
+)
+
+LossFn = Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, dict[str, Any]]]
+
+
+@dataclass
+class ActorConfig:
+    zero_stage: int = 2  # DeepSpeed ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +weights
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    lr: float = 1e-6  # peak AdamW learning rate
+    weight_decay: float = 0.01  # decoupled weight decay, applied to matrices only (not norms)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
+    grad_clip: float = 1.0  # clip the global gradient 2-norm to this; 0 disables clipping
+    micro_batch_size: int = 4  # sequences per forward (log-probs and training micro-batches)
+    warmup_steps: int = 0  # optimizer steps of linear LR warmup from 0
+    lr_schedule: str = "constant"  # constant | cosine (decays to 0 at total_steps)
+    total_steps: int = 1000  # optimizer steps of the whole run (cosine schedule length)
+    logprob_chunk_tokens: int = 4096  # (sequences x positions) per lm_head chunk: bounds logits
+
+
+@dataclass
+class LogprobOutput:
+    token_logprobs: Tensor  # (B, T) fp32, log p(input_ids[:, t] | < t); 0 at t = 0 and on padding
+    topk_ids: Tensor  # (B, T, K) int64, the top-K token ids of the distribution at t
+    topk_logprobs: Tensor  # (B, T, K) fp32, their log-probs (full-vocabulary normalised)
+    entropy: Tensor  # (B, T) fp32, entropy of the distribution at t (nats)
+
+
+def lr_multiplier(step: int, cfg: ActorConfig) -> float:
+    """LR factor for optimizer step `step` (0-based): linear warmup, then constant or cosine."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def split_micro_batches(batch: dict[str, Tensor], micro_batch_size: int) -> list[dict[str, Tensor]]:
+    """Split every tensor of `batch` along dim 0 into micro-batches of `micro_batch_size` rows."""
+    num_rows = next(iter(batch.values())).shape[0]
+    return [
+        {k: v[start : start + micro_batch_size] for k, v in batch.items()}
+        for start in range(0, num_rows, micro_batch_size)
+    ]
+
+
+class _PolicyWithLogprobs(nn.Module):
+    """The HF model plus a chunked lm_head, as one module so DeepSpeed's hooks see every call."""
+
+    def __init__(self, lm: nn.Module, chunk_tokens: int):
+        super().__init__()
+        self.lm = lm
+        self.chunk_tokens = chunk_tokens
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, topk: int, temperature: float
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """LogprobOutput's fields as a tuple: ZeRO-3's hooks only see tensors in tuples."""
+        batch, seq_len = input_ids.shape
+        # Right padding: positions past the longest real sequence influence nothing, skip them.
+        used_len = max(int(attention_mask.sum(dim=1).max().item()), 1)
+        ids = input_ids[:, :used_len]  # (b, L)
+        hidden = self.lm.get_decoder()(
+            input_ids=ids, attention_mask=attention_mask[:, :used_len].long()
+        ).last_hidden_state  # (b, L, H)
+        positions_per_chunk = max(1, self.chunk_tokens // batch)
+        parts = []
+        # Hidden state at t - 1 predicts the token at t: targets are positions 1 .. L-1 (an
+        # empty chunk when L = 1 keeps the output shapes uniform).
+        for start in range(1, max(used_len, 2), positions_per_chunk):
+            end = min(start + positions_per_chunk, used_len)
+            args = (hidden[:, start - 1 : end - 1], ids[:, start:end], topk, temperature)
+            if torch.is_grad_enabled():
+                # Recompute the chunk's logits in backward instead of keeping them all alive.
+                parts.append(checkpoint(self._score_chunk, *args, use_reentrant=False))
+            else:
+                parts.append(self._score_chunk(*args))
+        token_lp, topk_lp, topk_ids, entropy = (
+            _pad_positions([p[i] for p in parts], batch, seq_len) for i in range(4)
+        )
+        mask = attention_mask.bool().clone()  # (b, T)
+        mask[:, 0] = False
+        return (
+            torch.where(mask, token_lp, 0.0),
+            torch.where(mask[..., None], topk_ids, 0),
+            torch.where(mask[..., None], topk_lp, 0.0),
+            torch.where(mask, entropy, 0.0),
+        )
+
+    def _score_chunk(
+        self, hidden: Tensor, targets: Tensor, topk: int, temperature: float
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        logits = self.lm.get_output_embeddings()(hidden).float() / temperature  # (b, c, V)
+        logprobs = F.log_softmax(logits, dim=-1)  # (b, c, V)
+        token_lp = logprobs.gather(-1, targets[..., None]).squeeze(-1)  # (b, c)
+        with torch.no_grad():
+            entropy = -(logprobs.exp() * logprobs).sum(-1)  # (b, c)
+            topk_lp, topk_ids = logprobs.topk(topk, dim=-1)  # (b, c, K)
+        return token_lp, topk_lp, topk_ids, entropy
+
+
+def _pad_positions(chunks: list[Tensor], batch: int, seq_len: int) -> Tensor:
+    """Concatenate per-position chunks (targets 1 .. L-1) and zero-pad to positions 0 .. T-1."""
+    body = torch.cat(chunks, dim=1)  # (b, L - 1, ...)
+    head = body.new_zeros((batch, 1, *body.shape[2:]))
+    tail = body.new_zeros((batch, seq_len - 1 - body.shape[1], *body.shape[2:]))
+    return torch.cat([head, body, tail], dim=1)  # (b, T, ...)
+
+
+class DenseActor:
+    """DeepSpeed-wrapped dense policy: log-probs, GRPO updates, weight gather, checkpoints."""
+
+    def __init__(self, model: nn.Module, cfg: ActorConfig):
+        self.cfg = cfg
+        on_gpu = torch.cuda.is_available()
+        _init_distributed("nccl" if on_gpu else "gloo")
+        self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
+        if on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg))
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=_PolicyWithLogprobs(model, cfg.logprob_chunk_tokens),
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=self._deepspeed_config(),
+        )
+        self.engine.eval()
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped HF model (its parameters are partitioned under ZeRO-3)."""
+        return self.engine.module.lm
+
+    def _deepspeed_config(self) -> dict[str, Any]:
+        return {
+            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
+            "gradient_accumulation_steps": 1,  # set per train_step to the micro-batch count
+            # Stage 0 in fp32 clips in train_step (DeepSpeed would not report its norm).
+            "gradient_clipping": 0.0 if self._checks_grads_itself() else self.cfg.grad_clip,
+            "zero_optimization": {"stage": self.cfg.zero_stage},
+            "bf16": {"enabled": self.bf16, "check_grad_overflow": True},
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+
+    def _checks_grads_itself(self) -> bool:
+        # ZeRO 1-3 and the bf16 optimizer skip a step on a non-finite gradient norm themselves;
+        # plain fp32 stage 0 steps torch's AdamW directly, so the check happens here.
+        return self.cfg.zero_stage == 0 and not self.bf16
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, input_ids: Tensor, attention_mask: Tensor, topk: int, temperature: float = 1.0
+    ) -> LogprobOutput:
+        """Dense log-probs of `input_ids` (B, T) and the top-`topk` per position, fp32."""
+        rows = range(0, input_ids.shape[0], self.cfg.micro_batch_size)
+        self._check_same_count_on_all_ranks(len(rows), "compute_logprobs micro-batches")
+        outs = []
+        for start in rows:
+            sl = slice(start, start + self.cfg.micro_batch_size)
+            outs.append(self._forward(input_ids[sl], attention_mask[sl], topk, temperature))
+        device = input_ids.device
+        columns = (torch.cat([getattr(o, f.name) for o in outs]) for f in fields(LogprobOutput))
+        return LogprobOutput(*(c.to(device) for c in columns))
+
+    def _forward(
+        self, input_ids: Tensor, attention_mask: Tensor, topk: int, temperature: float
+    ) -> LogprobOutput:
+        device = self.engine.device
+        return LogprobOutput(
+            *self.engine(input_ids.to(device), attention_mask.to(device), topk, temperature)
+        )
+
+    def train_step(
+        self, micro_batches: list[dict[str, Tensor]], loss_fn: LossFn
+    ) -> dict[str, float]:
+        """One optimizer update from `micro_batches` (each holds input_ids and attention_mask).
+
+        loss_fn(new_logprobs (b, T) fp32, micro_batch) -> (loss, metrics): the loss must be
+        normalised by the global token count of the step, so that the gradient applied is the
+        plain sum over micro-batches and ranks and does not depend on how the batch is split.
+        Returned `loss` and loss_fn metrics are summed over micro-batches and ranks (normalise
+        metrics like the loss to get global means); `entropy` is the global token mean over
+        `completion_mask` (or attention_mask); `skipped` is 1 when a non-finite loss or gradient
+        cancelled the update (weights, optimizer and LR schedule untouched).
+        """
+        num_micro = len(micro_batches)
+        self._check_same_count_on_all_ranks(num_micro, "train_step micro-batches")
+        self.engine.set_train_batch_size(self.cfg.micro_batch_size * num_micro * self.world_size)
+        sums: dict[str, float] = {"loss": 0.0, "entropy_sum": 0.0, "entropy_count": 0.0}
+        for i, mb in enumerate(micro_batches):
+            mb = {k: v.to(self.engine.device) for k, v in mb.items()}
+            out = self._forward(mb["input_ids"], mb["attention_mask"], 0, 1.0)
+            loss, metrics = loss_fn(out.token_logprobs, mb)
+            self.engine.set_gradient_accumulation_boundary(i == num_micro - 1)
+            # DeepSpeed averages gradients over data-parallel ranks; the loss is a share of a
+            # global sum, so undo the average. scale_wrt_gas=False: no division by micro-batches.
+            self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+            mask = mb.get("completion_mask", mb["attention_mask"]).bool()
+            sums["loss"] += float(loss.detach())
+            sums["entropy_sum"] += float(out.entropy[mask].sum())
+            sums["entropy_count"] += float(mask.sum())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        grad_norm, skipped = self._optimizer_step()
+        totals = self._all_reduce_sum(sums)
+        entropy_sum, entropy_count = totals.pop("entropy_sum"), totals.pop("entropy_count")
+        totals["entropy"] = entropy_sum / max(entropy_count, 1.0)
+        totals["grad_norm"] = grad_norm
+        totals["skipped"] = float(skipped)
+        totals["lr"] = float(self.engine.get_lr()[0])
+        return totals
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Apply the accumulated gradient unless it is non-finite; return (grad norm, skipped)."""
+        if self._checks_grads_itself():
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            # Stage 0 has all-reduced full gradients at the boundary: the norm is global.
+            max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            if not math.isfinite(grad_norm):
+                self.engine.zero_grad()
+                return grad_norm, True
+            self.engine.step()
+            return grad_norm, False
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = math.nan if grad_norm is None else float(grad_norm)
+        return grad_norm, not self.engine.was_step_applied()
+
+    def _all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        keys = sorted(values)
+        packed = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        packed = packed.to(self.engine.device)
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        return dict(zip(keys, packed.tolist(), strict=True))
+
+    def _check_same_count_on_all_ranks(self, count: int, what: str) -> None:
+        bounds = torch.tensor([count, -count], device=self.engine.device)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+        if bounds[0].item() != -bounds[1].item():
+            raise ValueError(f"{what}: ranks differ ({-bounds[1].item()}..{bounds[0].item()})")
+
+    def gathered_state_dict(self) -> dict[str, Tensor]:
+        """Full HF-named weights on every rank (collective under ZeRO-3), for the engine sync.
+
+        Below ZeRO-3 the tensors alias the live weights: copy them before the next train_step
+        if they must outlive it.
+        """
+        gathered: dict[int, Tensor] = {}
+        out = {}
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            if id(tensor) not in gathered:  # tied weights appear under two names
+                if hasattr(tensor, "ds_id"):
+                    with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+                        gathered[id(tensor)] = tensor.detach().clone()
+                else:
+                    gathered[id(tensor)] = tensor.detach()
+            out[name] = gathered[id(tensor)]
+        return out
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """DeepSpeed checkpoint (weights, optimizer, LR schedule) into `directory`; all ranks."""
+        self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore what save_checkpoint wrote; all ranks."""
+        path, _ = self.engine.load_checkpoint(str(directory), tag="deepspeed")
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+
+    def export_hf(self, directory: str | Path, tokenizer: Any = None) -> None:
+        """Write the policy as an HF model directory (rank 0 writes; all ranks must call)."""
+        state = self.gathered_state_dict()
+        if self.rank == 0:
+            self.model.save_pretrained(str(directory), state_dict=state)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(directory))
+        dist.barrier()
+
+
+def _init_distributed(backend: str) -> None:
+    """Join (or create) the process group; a plain `python` run becomes a 1-rank group."""
+    if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

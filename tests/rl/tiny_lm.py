@@ -1,0 +1,56 @@
+"""Tiny random causal LMs and batches for the actor/checkpoint/distributed tests."""
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+VOCAB = 300
+
+
+def tiny_causal_lm(family: str = "qwen3", seed: int = 0) -> torch.nn.Module:
+    """2 layers, hidden 64, 4 q / 2 kv heads of 16; the llama flavour ties its embeddings."""
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
+    if family == "qwen3":
+        config = Qwen3Config(**common, tie_word_embeddings=False)
+    else:
+        config = LlamaConfig(**common, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def rl_batch(num_seqs: int, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
+    """Right-padded sequences with a prompt, a completion and one advantage per sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(seq_len // 2, seq_len + 1, (num_seqs,), generator=gen)  # (B,)
+    prompt_lens = torch.randint(2, seq_len // 2, (num_seqs,), generator=gen)  # (B,)
+    positions = torch.arange(seq_len)[None, :]  # (1, T)
+    attention_mask = positions < lengths[:, None]  # (B, T)
+    completion_mask = attention_mask & (positions >= prompt_lens[:, None])  # (B, T)
+    input_ids = torch.randint(0, VOCAB, (num_seqs, seq_len), generator=gen)  # (B, T)
+    input_ids = torch.where(attention_mask, input_ids, 0)
+    advantages = torch.randn(num_seqs, generator=gen)  # (B,)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+    }
+
+
+def pg_loss_fn(global_tokens: int):
+    """Policy-gradient loss normalised by the step's global completion-token count."""
+
+    def loss_fn(new_logprobs, mb):
+        mask = mb["completion_mask"].float()  # (b, T)
+        loss = -(mb["advantages"][:, None] * new_logprobs * mask).sum() / global_tokens
+        return loss, {"tokens_frac": mask.sum() / global_tokens}
+
+    return loss_fn
