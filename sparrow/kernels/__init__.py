@@ -53,6 +53,10 @@ def select_pages(
     check_select_inputs(
         q, summary, page_table, seq_lens, budgets, score, page_size, num_sink, num_recent, validate
     )
+    # Score only the columns some sequence uses: engines may pad page tables to the longest
+    # possible sequence, and scoring cost should follow the batch's actual context.
+    num_columns = -(-int(seq_lens.max()) // page_size)
+    page_table = page_table[:, :num_columns]
     if _use_triton(backend, q):
         from .score_triton import page_scores_triton
 

@@ -224,7 +224,7 @@ def paged_decode_triton(
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
     )  # fmt: skip
     return out
 

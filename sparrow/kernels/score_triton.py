@@ -88,7 +88,7 @@ def page_scores_triton(
             raise ValueError("select_pages(triton): page summaries must be contiguous fp32")
     group = num_q_heads // num_kv_heads
     max_pages = page_table.shape[1]
-    block_p = 64
+    block_p = 32  # two fp32 (BLOCK_P, D) summary tiles per program stay in registers
     scores = torch.empty(batch, num_kv_heads, max_pages, device=q.device)
     stride_sp, stride_sh, _ = summary.k_mean.stride()
     _page_score_kernel[(batch, num_kv_heads, triton.cdiv(max_pages, block_p))](

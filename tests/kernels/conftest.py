@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from sparrow.kernels import PageSummary, update_page_summaries, write_kv
 
@@ -92,3 +93,30 @@ def poison_unselected_pages(batch: PagedBatch, logical_pages, num_selected) -> N
 @pytest.fixture
 def poison_unselected():
     return poison_unselected_pages
+
+
+def sdpa_dense(batch):
+    """Dense attention with torch SDPA over each sequence's keys laid out contiguously."""
+    page_size = batch.page_size
+    max_len = int(batch.seq_lens.max())
+    pos = torch.arange(max_len)  # (T,)
+    phys = (
+        batch.page_table.long()
+        .clamp(min=0)
+        .gather(1, (pos // page_size).expand(len(batch.seq_lens), -1))
+    )
+    keys = batch.k_cache[phys, pos % page_size]  # (B, T, H_kv, D)
+    values = batch.v_cache[phys, pos % page_size]  # (B, T, H_kv, D)
+    valid = pos[None, :] < batch.seq_lens[:, None].long()  # (B, T)
+    keys = torch.where(valid[..., None, None], keys, 0.0).transpose(1, 2)  # (B, H_kv, T, D)
+    values = torch.where(valid[..., None, None], values, 0.0).transpose(1, 2)
+    q = batch.q[:, :, None]  # (B, H_q, 1, D)
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=valid[:, None, None, :], enable_gqa=True
+    )  # (B, H_q, 1, D)
+    return out[:, :, 0]
+
+
+@pytest.fixture(name="sdpa_dense")
+def sdpa_dense_fixture():
+    return sdpa_dense

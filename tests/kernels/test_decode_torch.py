@@ -2,35 +2,12 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from sparrow.kernels import paged_decode, select_pages
 from sparrow.kernels.reference import attention_reference
 
 LENS = [70, 100, 16, 33, 1]  # 5, 7, 1, 3, 1 pages: partial and exact last pages, one token
 BUDGETS = [3, 5, 4, 8, 3]  # sparse, sparse, dense (1 page), dense (budget > pages), dense
-
-
-def sdpa_dense(batch):
-    """Dense attention with torch SDPA over each sequence's keys laid out contiguously."""
-    page_size = batch.page_size
-    max_len = int(batch.seq_lens.max())
-    pos = torch.arange(max_len)  # (T,)
-    phys = (
-        batch.page_table.long()
-        .clamp(min=0)
-        .gather(1, (pos // page_size).expand(len(batch.seq_lens), -1))
-    )
-    keys = batch.k_cache[phys, pos % page_size]  # (B, T, H_kv, D)
-    values = batch.v_cache[phys, pos % page_size]  # (B, T, H_kv, D)
-    valid = pos[None, :] < batch.seq_lens[:, None].long()  # (B, T)
-    keys = torch.where(valid[..., None, None], keys, 0.0).transpose(1, 2)  # (B, H_kv, T, D)
-    values = torch.where(valid[..., None, None], values, 0.0).transpose(1, 2)
-    q = batch.q[:, :, None]  # (B, H_q, 1, D)
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=valid[:, None, None, :], enable_gqa=True
-    )  # (B, H_q, 1, D)
-    return out[:, :, 0]
 
 
 @pytest.mark.parametrize("group,head_dim", [(1, 64), (3, 64), (4, 128), (8, 128)])
@@ -49,7 +26,7 @@ def test_sparse_equals_reference(paged_batch, poison_unselected, group, head_dim
 
 
 @pytest.mark.parametrize("group,head_dim", [(1, 128), (4, 64)])
-def test_dense_and_full_budget_equal_sdpa(paged_batch, group, head_dim):
+def test_dense_and_full_budget_equal_sdpa(paged_batch, sdpa_dense, group, head_dim):
     batch = paged_batch(LENS, num_kv_heads=2, group=group, head_dim=head_dim)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens)
     budgets = torch.full((len(LENS),), 64, dtype=torch.int32)

@@ -59,7 +59,7 @@ def test_dense_kernel_equals_reference(paged_batch, group, head_dim):
     )
 
 
-def test_budget_at_least_pages_equals_dense(paged_batch):
+def test_budget_at_least_pages_equals_dense_and_sdpa(paged_batch, sdpa_dense):
     batch = paged_batch(LENS, num_kv_heads=2, group=3, head_dim=64)
     budgets = torch.tensor([5, 9, 1 << 20, 3, 3], dtype=torch.int32)
     selected = select_pages(batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets)
@@ -67,6 +67,7 @@ def test_budget_at_least_pages_equals_dense(paged_batch):
     sparse = paged_decode(*decode_args(batch, selected), backend="triton")
     dense = paged_decode(*decode_args(batch), backend="triton")
     torch.testing.assert_close(sparse, dense, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sparse, sdpa_dense(batch), atol=1e-5, rtol=0)
     torch.testing.assert_close(
         dense, paged_decode(*decode_args(batch), backend="torch"), atol=1e-5, rtol=0
     )

@@ -83,3 +83,14 @@ def test_quest_score_bounds_every_key_of_the_page(paged_batch):
         for p in range(6):
             keys = batch.k_cache[int(batch.page_table[0, p]), : min(16, 90 - 16 * p), h]  # (T, D)
             assert float((q_group @ keys.T).max()) <= float(scores[0, h, p]) + 1e-4
+
+
+def test_wide_padded_page_table_gives_the_same_selection(paged_batch):
+    batch = paged_batch(LENS, num_kv_heads=2, group=2, head_dim=64)
+    budgets = torch.tensor(BUDGETS, dtype=torch.int32)
+    wide = torch.full((len(LENS), 500), -1, dtype=torch.int32)
+    wide[:, : batch.page_table.shape[1]] = batch.page_table
+    narrow = select_pages(batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets)
+    padded = select_pages(batch.q, batch.summary, wide, batch.seq_lens, budgets)
+    assert torch.equal(narrow.logical_pages, padded.logical_pages)
+    assert torch.equal(narrow.num_selected, padded.num_selected)
