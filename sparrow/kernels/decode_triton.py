@@ -198,7 +198,7 @@ def paged_decode_triton(
 
     o_part = torch.empty(batch, num_q_heads, num_splits, head_dim, device=q.device)
     lse_part = torch.empty(batch, num_q_heads, num_splits, device=q.device)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H_q, D), contiguous
     # In dense mode the selection pointers are never read; pass page_table as a placeholder.
     sel = page_table[:, None, :] if selected is None else selected.logical_pages
     num_sel = seq_lens if selected is None else selected.num_selected
