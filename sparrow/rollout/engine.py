@@ -10,6 +10,7 @@ tokens) release their pages. Decode attention is block-sparse with a per-sequenc
 completions through the same paths, to compare the engine's policy with another one.
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from tqdm.auto import tqdm
 
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.model_runner import ModelRunner
-from sparrow.rollout.outputs import GenerationOutput, TokenRecords
+from sparrow.rollout.outputs import GenerateStats, GenerationOutput, TokenRecords
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 from sparrow.rollout.sampler import Sampler
 from sparrow.rollout.scheduler import PrefillBatch, Scheduler
@@ -72,7 +73,7 @@ class LLMEngine:
         self.schedule = schedule
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.num_generate_calls = 0
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: GenerateStats | None = None  # of the latest generate call
 
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.schedule = schedule
@@ -105,19 +106,21 @@ class LLMEngine:
         )
         stop_ids = set(params.stop_token_ids)
         eos_ids = set() if params.ignore_eos else set(self.eos_token_ids)
+        tracked = self.schedule is not None  # page summaries are needed only with a schedule
         bar = tqdm(total=len(seqs), desc="generate", unit="seq", disable=not progress)
-        num_generated = 0
+        stats = GenerateStats()
         while not scheduler.is_finished():
+            start = time.perf_counter()
             batch = scheduler.schedule()
             if isinstance(batch, PrefillBatch):
                 step_seqs = [s for g in batch.groups for s in g]
                 rows = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g])
-                logits = self.runner.prefill(batch.groups)[rows.to(self.runner.device)]
+                logits = self.runner.prefill(batch.groups, tracked)[rows.to(self.runner.device)]
                 budgets = [self._pages(s.num_tokens) for s in step_seqs]  # prefill is dense
             else:
                 step_seqs = batch.seqs
                 step_budgets = self._budgets(step_seqs)
-                logits = self.runner.decode(step_seqs, step_budgets)
+                logits = self.runner.decode(step_seqs, step_budgets, tracked)
                 budgets = step_budgets or [self._pages(s.num_tokens) for s in step_seqs]
                 budgets = [
                     min(b, self._pages(s.num_tokens))
@@ -137,35 +140,56 @@ class LLMEngine:
                 if reason is not None:
                     scheduler.finish(seq, reason)
                     bar.update(1)
-            num_generated += len(step_seqs)
-            bar.set_postfix(tokens=num_generated, refresh=False)
+            elapsed = time.perf_counter() - start
+            if isinstance(batch, PrefillBatch):
+                stats.prefill_s += elapsed
+                # num_tokens - 1: the token sampled by this step is already appended.
+                stats.prefill_tokens += sum(g[0].num_tokens - 1 for g in batch.groups)
+            else:
+                stats.decode_s += elapsed
+                stats.decode_tokens += len(step_seqs)
+            bar.set_postfix(decode_tok_s=f"{stats.decode_tok_s:.1f}", refresh=False)
         bar.close()
-        self.last_stats = {"num_preemptions": scheduler.num_preemptions}
+        stats.num_preemptions = scheduler.num_preemptions
+        self.last_stats = stats
         return [self._output(s, n, records) for s in seqs]
 
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[Tensor]:
         """Teacher-force `completions`: logits (T_i, V) fp32 predicting completions[i][t] from
-        prompt + completions[i][:t], under the current schedule (prefill dense, decode sparse)."""
+        prompt + completions[i][:t], under the current schedule (prefill dense, decode sparse).
+        Identical prompts are prefilled once and share their full pages, as in generate; every
+        sequence is held in the cache at once (no preemption)."""
         bm = BlockManager(self.cfg.num_pages, self.cfg.page_size)
         seqs = [
-            Sequence(i, i, list(p), len(c))
+            Sequence(i, i, list(p), max(len(c), 1))
             for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
         ]
-        need = sum(
-            bm.pages_for_tokens(len(p) + len(c)) for p, c in zip(prompts, completions, strict=True)
-        )
+        groups: dict[tuple[int, ...], list[Sequence]] = {}
+        for seq in seqs:
+            groups.setdefault(tuple(seq.prompt_ids), []).append(seq)
+        need = 0
+        for prompt, group in groups.items():
+            shared = len(prompt) // self.cfg.page_size
+            lengths = [len(prompt) + len(completions[s.seq_id]) for s in group]
+            need += shared + sum(bm.pages_for_tokens(n) - shared for n in lengths)
         if need > bm.num_pages:
             raise ValueError(f"score needs {need} KV pages at once, the pool has {bm.num_pages}")
-        for seq in seqs:
-            bm.allocate_prefill([seq])
-        logits = [[row] for row in self.runner.prefill([[s] for s in seqs])]
+        for group in groups.values():
+            bm.allocate_prefill(group)
+        tracked = self.schedule is not None
+        first = self.runner.prefill(list(groups.values()), tracked)  # (G, V)
+        logits = [[] for _ in seqs]
+        for row, group in zip(first, groups.values(), strict=True):
+            for seq in group:
+                logits[seq.seq_id].append(row)
         for t in range(max(len(c) for c in completions) - 1):
             step = [s for s, c in zip(seqs, completions, strict=True) if t + 1 < len(c)]
             for seq in step:
                 seq.completion_ids.append(completions[seq.seq_id][t])
                 if bm.needs_page(seq):
                     bm.append_page(seq)
-            for seq, row in zip(step, self.runner.decode(step, self._budgets(step)), strict=True):
+            rows = self.runner.decode(step, self._budgets(step), tracked)  # (B, V)
+            for seq, row in zip(step, rows, strict=True):
                 logits[seq.seq_id].append(row)
         return [torch.stack(rows)[: len(c)] for rows, c in zip(logits, completions, strict=True)]
 

@@ -69,8 +69,7 @@ class LayerWeights:
     input_norm: Tensor  # (hidden,)
     qkv: Tensor  # ((H_q + 2 H_kv) D, hidden): q, k, v projections stacked
     qkv_bias: Tensor | None  # ((H_q + 2 H_kv) D,) when attention_bias
-    q_norm: Tensor | None  # (D,) Qwen3 only
-    k_norm: Tensor | None  # (D,) Qwen3 only
+    qk_norm: Tensor | None  # (H_q + H_kv, D) Qwen3 only: q_norm per query head, then k_norm
     o: Tensor  # (hidden, H_q D)
     o_bias: Tensor | None  # (hidden,) when attention_bias
     post_norm: Tensor  # (hidden,)
@@ -104,8 +103,7 @@ class DecoderModel:
                 input_norm=new(s.hidden_size),
                 qkv=new(qkv_rows, s.hidden_size),
                 qkv_bias=new(qkv_rows) if s.attention_bias else None,
-                q_norm=new(s.head_dim) if s.qk_norm else None,
-                k_norm=new(s.head_dim) if s.qk_norm else None,
+                qk_norm=new(s.num_q_heads + s.num_kv_heads, s.head_dim) if s.qk_norm else None,
                 o=new(s.hidden_size, s.num_q_heads * s.head_dim),
                 o_bias=new(s.hidden_size) if s.attention_bias else None,
                 post_norm=new(s.hidden_size),
@@ -143,9 +141,10 @@ class DecoderModel:
             views[p + "self_attn.o_proj.weight"] = w.o
             if w.o_bias is not None:
                 views[p + "self_attn.o_proj.bias"] = w.o_bias
-            if w.q_norm is not None:
-                views[p + "self_attn.q_norm.weight"] = w.q_norm
-                views[p + "self_attn.k_norm.weight"] = w.k_norm
+            if w.qk_norm is not None:
+                # Stored per head so that q and k are normalised (and rotated) in one op each.
+                views[p + "self_attn.q_norm.weight"] = w.qk_norm[: s.num_q_heads]
+                views[p + "self_attn.k_norm.weight"] = w.qk_norm[s.num_q_heads :]
             views[p + "mlp.gate_proj.weight"] = w.gate_up[:inter]
             views[p + "mlp.up_proj.weight"] = w.gate_up[inter:]
             views[p + "mlp.down_proj.weight"] = w.down
@@ -167,11 +166,11 @@ class DecoderModel:
                 )
                 raise KeyError(f"unexpected weight {raw_name!r}{hint}")
             target = self._targets[name]
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise ValueError(
-                    f"{raw_name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
+            per_head = name.endswith(("q_norm.weight", "k_norm.weight"))
+            expected = target.shape[1:] if per_head else target.shape
+            if tuple(tensor.shape) != tuple(expected):
+                raise ValueError(f"{raw_name}: shape {tuple(tensor.shape)} != {tuple(expected)}")
+            target.copy_(tensor.expand_as(target))
             loaded.add(name)
         return loaded
 
@@ -221,22 +220,19 @@ class DecoderModel:
     ) -> Tensor:
         s = self.shape
         n = input_ids.shape[0]
-        q_size, kv_size = s.num_q_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        num_qk_heads = s.num_q_heads + s.num_kv_heads
         cos, sin = self.rope.cos_sin(positions, self.dtype)  # (N, 1, D/2) each
         x = F.embedding(input_ids, self.embed)  # (N, hidden)
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, s.rms_eps)
-            qkv = F.linear(h, w.qkv, w.qkv_bias)  # (N, (H_q + 2 H_kv) D)
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = q.view(n, s.num_q_heads, s.head_dim)  # (N, H_q, D)
-            k = k.view(n, s.num_kv_heads, s.head_dim)  # (N, H_kv, D)
-            v = v.view(n, s.num_kv_heads, s.head_dim)  # (N, H_kv, D)
-            if w.q_norm is not None:
-                q = rms_norm(q, w.q_norm, s.rms_eps)
-                k = rms_norm(k, w.k_norm, s.rms_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            o = attend(i, q, k, v.contiguous())  # (N, H_q, D)
-            x = x + F.linear(o.reshape(n, q_size), w.o, w.o_bias)
+            qkv = F.linear(h, w.qkv, w.qkv_bias).view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
+            qk, v = qkv[:, :num_qk_heads], qkv[:, num_qk_heads:]  # (N, H_q + H_kv, D), (N, H_kv, D)
+            if w.qk_norm is not None:
+                qk = rms_norm(qk, w.qk_norm, s.rms_eps)
+            qk = apply_rope(qk, cos, sin)  # q and k heads rotated together
+            q, k = qk[:, : s.num_q_heads], qk[:, s.num_q_heads :]  # (N, H_q, D), (N, H_kv, D)
+            o = attend(i, q, k, v)  # (N, H_q, D)
+            x = x + F.linear(o.reshape(n, -1), w.o, w.o_bias)
             h = rms_norm(x, w.post_norm, s.rms_eps)
             gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)  # (N, I) each
             x = x + F.linear(F.silu(gate) * up, w.down)

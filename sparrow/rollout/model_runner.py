@@ -38,8 +38,9 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def prefill(self, groups: list[list[Sequence]]) -> Tensor:
-        """Logits (G, V) fp32 after the last token of each group."""
+    def prefill(self, groups: list[list[Sequence]], update_summaries: bool) -> Tensor:
+        """Logits (G, V) fp32 after the last token of each group. `update_summaries`: keep the
+        sparse layers' page summaries current (needed when a schedule is set)."""
         ps = self.page_size
         ids, kv_rows, slots, page_ids, fills = [], [], [], [], []
         bounds, last_rows, start = [], [], 0
@@ -72,6 +73,7 @@ class ModelRunner:
             slot_mapping=self._to(torch.cat(slots)),
             page_ids=self._to(torch.cat(page_ids)),
             fill_counts=self._to(torch.cat(fills)),
+            update_summaries=update_summaries,
         )
         return self.model.prefill(
             self._to(torch.cat(ids)),
@@ -83,7 +85,9 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], budgets: list[int] | None) -> Tensor:
+    def decode(
+        self, seqs: list[Sequence], budgets: list[int] | None, update_summaries: bool
+    ) -> Tensor:
         """One step for every sequence (its last token is fed); logits (B, V) fp32.
         `budgets`: pages per sparse layer for each sequence, or None for a dense step."""
         ps = self.page_size
@@ -102,6 +106,7 @@ class ModelRunner:
             last_page_ids=self._to(last_page),
             last_page_fill=self._to(offset + 1),
             budgets=None if budgets is None else self._to(torch.tensor(budgets, dtype=torch.int32)),
+            update_summaries=update_summaries,
         )
         input_ids = torch.tensor([s.last_token_id for s in seqs], dtype=torch.int64)
         return self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta)

@@ -4,8 +4,9 @@ Owns the K/V pages of every layer (allocated once, sized by `num_pages`), the pa
 the sparse layers, and the per-step metadata that says where each token goes. Decode attention
 is dense on `dense_layers` and block-sparse elsewhere: pages are chosen per (sequence, KV head)
 by `select_pages` with the sequence's budget, then `paged_decode` attends to them (DESIGN.md §1).
-Summaries of sparse layers are kept current on every write, so that a schedule can be switched
-on at any time.
+Summaries of sparse layers are kept current on every write while a schedule is set; sequences
+live within one generate call, and the schedule cannot change during one, so a call without a
+schedule skips them.
 """
 
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class PrefillMetadata:
     slot_mapping: Tensor  # (M,) int64, cache slot (page * page_size + offset) of each such row
     page_ids: Tensor  # (P,) int64, physical pages written, for the summaries
     fill_counts: Tensor  # (P,) int64, valid tokens in each of them
+    update_summaries: bool  # a schedule is set, so sparse layers will read the summaries
 
 
 @dataclass
@@ -44,6 +46,7 @@ class DecodeMetadata:
     last_page_ids: Tensor  # (B,) int64, page the input token lands in
     last_page_fill: Tensor  # (B,) int64, valid tokens in that page after the write
     budgets: Tensor | None  # (B,) int32 pages per sparse layer; None: every layer dense
+    update_summaries: bool  # a schedule is set, so sparse layers will read the summaries
 
 
 class PagedKVCache:
@@ -77,7 +80,7 @@ class PagedKVCache:
         """k, v (N, H_kv, D) of the flattened prefill batch; shared prompt rows are written once."""
         write_kv(self.k[layer], self.v[layer], k[meta.kv_rows], v[meta.kv_rows], meta.slot_mapping)
         summary = self.summaries[layer]
-        if summary is not None:
+        if summary is not None and meta.update_summaries:
             update_page_summaries(self.k[layer], summary, meta.page_ids, meta.fill_counts)
 
     def decode_attention(
@@ -87,7 +90,7 @@ class PagedKVCache:
         k_cache, v_cache = self.k[layer], self.v[layer]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         summary = self.summaries[layer]
-        if summary is not None:
+        if summary is not None and meta.update_summaries:
             update_page_summaries(k_cache, summary, meta.last_page_ids, meta.last_page_fill)
         selected = None
         if summary is not None and meta.budgets is not None:
@@ -103,6 +106,15 @@ class PagedKVCache:
                 num_recent=self.cfg.num_recent,
                 backend=self.cfg.backend,
             )
+        # validate=False: the runner builds page tables from the block manager, and the value
+        # checks would cost a reduction (a device sync on GPU) per layer.
         return paged_decode(
-            q, k_cache, v_cache, meta.page_table, meta.seq_lens, selected, backend=self.cfg.backend
+            q,
+            k_cache,
+            v_cache,
+            meta.page_table,
+            meta.seq_lens,
+            selected,
+            backend=self.cfg.backend,
+            validate=False,
         )

@@ -41,7 +41,7 @@ def test_samples_share_prompt_pages_instead_of_copying_them(lively_llama):
     engine = make_engine(lively_llama, num_pages=24)
     prompts = random_prompts(engine.runner.model.shape.vocab_size, [40])
     engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), n=4)
-    assert engine.last_stats["num_preemptions"] == 0
+    assert engine.last_stats.num_preemptions == 0
 
 
 def test_small_pool_preempts_and_gives_the_same_greedy_outputs(lively_llama):
@@ -50,12 +50,12 @@ def test_small_pool_preempts_and_gives_the_same_greedy_outputs(lively_llama):
     big = make_engine(lively_llama, num_pages=256).generate(prompts, params, n=2)
     small_engine = make_engine(lively_llama, num_pages=12)  # one sequence needs up to 10
     small = small_engine.generate(prompts, params, n=2)
-    assert small_engine.last_stats["num_preemptions"] > 0
+    assert small_engine.last_stats.num_preemptions > 0
     assert [o.token_ids for o in small] == [o.token_ids for o in big]
     assert all(len(o.token_ids) == 24 for o in small)
     for s, b in zip(small, big, strict=True):
         assert torch.allclose(s.logprobs, b.logprobs, atol=1e-4)
-    assert sum(o.num_preemptions for o in small) == small_engine.last_stats["num_preemptions"]
+    assert sum(o.num_preemptions for o in small) == small_engine.last_stats.num_preemptions
 
 
 def test_request_that_cannot_fit_alone_is_a_clear_error(lively_llama):
@@ -151,3 +151,15 @@ def test_dense_layers_are_configurable(lively_llama):
     dense = make_engine(lively_llama).score(prompts, completions)[0]
     assert torch.allclose(results[1], dense, atol=1e-5)  # every layer dense
     assert not torch.allclose(results[0], dense, atol=1e-3)
+
+
+def test_score_shares_identical_prompts(lively_llama):
+    engine = make_engine(lively_llama, num_pages=16)
+    vocab = engine.runner.model.shape.vocab_size
+    prompt = random_prompts(vocab, [30], seed=8)[0]  # 8 pages, 7 of them full
+    completions = random_prompts(vocab, [6, 9, 3], seed=9)
+    # Unshared this needs 9 + 10 + 9 = 28 pages; shared 7 + 2 + 3 + 2 = 14.
+    shared = engine.score([prompt] * 3, completions)
+    alone = [make_engine(lively_llama).score([prompt], [c])[0] for c in completions]
+    for a, b in zip(shared, alone, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
