@@ -1,0 +1,237 @@
+"""Prompt datasets: loading, column mapping, chat templating, and the resumable batch iterator.
+
+A source is the embedded task generator ("tasks", see tasks.py), a local jsonl/json/parquet/csv
+file or data directory, or a hub dataset name (loaded with `datasets.load_dataset`; needs a
+reachable hub). Every row becomes a `Prompt`: the user message (a string, or a list of chat
+messages) is rendered with the tokenizer's chat template and tokenized once, and prompts longer
+than `max_prompt_tokens` are skipped and counted. Bad input (missing file or column, empty
+dataset, no chat template) raises `DataError` with a message naming the culprit.
+
+`PromptIterator` yields fixed-size batches forever, reshuffling each epoch from (seed, epoch), so
+its whole state is (epoch, position): `state_dict()` goes into a checkpoint and
+`load_state_dict()` resumes with exactly the batches an uninterrupted run would have seen.
+"""
+
+import os
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparrow.rl.tasks import TaskConfig, generate_tasks
+
+_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class DataError(ValueError):
+    """Unusable prompt data; the message names the file, split or column at fault."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "tasks"  # "tasks" (embedded generator), a local file/directory, or a hub name
+    split: str = "train"  # dataset split; for "tasks": "train" or "heldout"
+    subset: str | None = None  # hub dataset configuration name (e.g. "main" for gsm8k)
+    prompt_column: str = "prompt"  # column with the user message (string or chat messages)
+    answer_column: str = "answer"  # column with the reference answer handed to the reward
+    system_prompt: str | None = None  # prepended as a system message when set
+    chat_template: bool = True  # render with the tokenizer's chat template; False: plain text
+    max_prompt_tokens: int = 4096  # longer prompts are skipped and counted
+    shuffle_seed: int | None = 0  # seeds the per-epoch shuffle; None keeps the source order
+    tasks: TaskConfig = field(default_factory=TaskConfig)  # generator settings for "tasks"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    index: int  # row of the source dataset, a stable id for logs
+    text: str  # what the model sees (chat-templated unless chat_template is off)
+    token_ids: list[int]  # `text` tokenized, at most max_prompt_tokens long
+    answer: str  # reference answer for the reward
+    metadata: dict[str, Any]  # generator's id, task and metadata; {} for external datasets
+
+
+@dataclass
+class PromptDataset:
+    prompts: list[Prompt]
+    source: str  # human-readable origin, e.g. "tasks:arithmetic" or a file path
+    split: str
+    num_rows: int  # rows in the source before length filtering
+    num_skipped_too_long: int  # rows dropped for exceeding max_prompt_tokens
+    max_prompt_tokens: int
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def summary(self) -> str:
+        """One line for the run log: counts, skips and the prompt-length distribution."""
+        lengths = sorted(len(p.token_ids) for p in self.prompts)
+        return (
+            f"{len(self.prompts)} prompts from {self.source} ({self.split}); skipped "
+            f"{self.num_skipped_too_long} of {self.num_rows} longer than {self.max_prompt_tokens} "
+            f"tokens; prompt tokens min {lengths[0]} median {statistics.median(lengths):.0f} "
+            f"max {lengths[-1]}"
+        )
+
+
+def load_prompts(cfg: DataConfig, tokenizer) -> PromptDataset:
+    """Load `cfg.source`, map its columns, template and tokenize, and drop too-long prompts."""
+    rows, columns, source = _load_rows(cfg)
+    if len(rows) == 0:
+        raise DataError(f"dataset {source} (split {cfg.split!r}) is empty")
+    for role, column in (("prompt", cfg.prompt_column), ("answer", cfg.answer_column)):
+        if column not in columns:
+            raise DataError(
+                f"{role} column {column!r} not found in {source}; columns are {sorted(columns)}"
+            )
+    if cfg.chat_template and getattr(tokenizer, "chat_template", None) is None:
+        raise DataError(
+            "the tokenizer has no chat template; set data.chat_template=false to feed prompts "
+            "as plain text"
+        )
+
+    texts = [
+        _render(cfg, tokenizer, row[cfg.prompt_column], i, source) for i, row in enumerate(rows)
+    ]
+    # Chat templates write their own special tokens (BOS included); plain text gets the
+    # tokenizer's defaults.
+    token_ids = tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"]
+    prompts = []
+    for i, (row, text, ids) in enumerate(zip(rows, texts, token_ids, strict=True)):
+        if len(ids) > cfg.max_prompt_tokens:
+            continue
+        answer = row[cfg.answer_column]
+        if answer is None:
+            raise DataError(
+                f"row {i} of {source} has no value in answer column {cfg.answer_column!r}"
+            )
+        metadata = {}
+        if cfg.source == "tasks":
+            metadata = {"id": row["id"], "task": row["task"], **row["metadata"]}
+        prompts.append(Prompt(i, text, list(ids), str(answer), metadata))
+    if not prompts:
+        raise DataError(
+            f"all {len(rows)} prompts of {source} are longer than "
+            f"data.max_prompt_tokens={cfg.max_prompt_tokens}"
+        )
+    return PromptDataset(
+        prompts, source, cfg.split, len(rows), len(rows) - len(prompts), cfg.max_prompt_tokens
+    )
+
+
+def _load_rows(cfg: DataConfig) -> tuple[list[dict], set[str], str]:
+    """(rows, column names, source description) for any kind of source."""
+    if cfg.source == "tasks":
+        try:
+            rows = generate_tasks(cfg.tasks, cfg.split)
+        except ValueError as e:
+            raise DataError(f"embedded tasks: {e}") from e
+        columns = set(rows[0]) if rows else {"prompt", "answer"}
+        return rows, columns, f"tasks:{cfg.tasks.kind}"
+
+    import datasets  # deferred: a heavy import only file and hub sources need
+
+    extension = os.path.splitext(cfg.source)[1].lower()
+    is_local = extension in _FILE_BUILDERS or os.path.exists(cfg.source)
+    if is_local and not os.path.exists(cfg.source):
+        raise DataError(f"data file not found: {cfg.source}")
+    if os.path.isfile(cfg.source) and os.path.getsize(cfg.source) == 0:
+        raise DataError(f"dataset {cfg.source} (split {cfg.split!r}) is empty")
+    try:
+        if extension in _FILE_BUILDERS:
+            builder = _FILE_BUILDERS[extension]
+            # A single data file is exposed as split "train"; route the requested split to it.
+            table = datasets.load_dataset(
+                builder, data_files={cfg.split: cfg.source}, split=cfg.split
+            )
+        else:
+            # A data directory or a hub name (`subset` picks the hub configuration).
+            table = datasets.load_dataset(cfg.source, cfg.subset, split=cfg.split)
+    except Exception as e:
+        raise DataError(
+            f"could not load dataset {cfg.source!r} (split {cfg.split!r}): {type(e).__name__}: {e}"
+        ) from e
+    return table.to_list(), set(table.column_names), cfg.source
+
+
+def _render(cfg: DataConfig, tokenizer, prompt: Any, index: int, source: str) -> str:
+    """The model-facing text of one prompt cell: a string or a list of {role, content}."""
+    if isinstance(prompt, str) and prompt.strip():
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        messages = list(prompt)
+    else:
+        raise DataError(
+            f"row {index} of {source}: prompt column {cfg.prompt_column!r} must hold a non-empty "
+            f"string or a list of chat messages, got {type(prompt).__name__}"
+        )
+    if cfg.system_prompt and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": cfg.system_prompt}] + messages
+    if cfg.chat_template:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n\n".join(m["content"] for m in messages)
+
+
+class PromptIterator:
+    """Endless fixed-size batches of prompts; resumable from (epoch, position).
+
+    Each epoch visits every prompt once in an order drawn from (shuffle_seed, epoch). A tail
+    shorter than `batch_size` is dropped so that every step sees the same number of prompts
+    (it is a different tail each epoch when shuffling).
+    """
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, shuffle_seed: int | None = 0):
+        if not 1 <= batch_size <= len(dataset):
+            raise DataError(
+                f"batch size {batch_size} must be between 1 and the {len(dataset)} prompts of "
+                f"{dataset.source}"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle_seed = shuffle_seed
+        self.epoch = 0
+        self.position = 0  # prompts of the current epoch already handed out
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.dataset)))
+        if self.shuffle_seed is not None:
+            random.Random(f"{self.shuffle_seed}-{epoch}").shuffle(order)
+        return order
+
+    def __iter__(self) -> "PromptIterator":
+        return self
+
+    def __next__(self) -> list[Prompt]:
+        if self.position + self.batch_size > len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._epoch_order(self.epoch)
+        picked = self._order[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        return [self.dataset.prompts[i] for i in picked]
+
+    def state_dict(self) -> dict[str, int | None]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "batch_size": self.batch_size,
+            "shuffle_seed": self.shuffle_seed,
+            "num_prompts": len(self.dataset),
+        }
+
+    def load_state_dict(self, state: dict[str, int | None]) -> None:
+        # Resuming onto a different dataset or order would silently repeat or skip prompts.
+        expected = {
+            "batch_size": self.batch_size,
+            "shuffle_seed": self.shuffle_seed,
+            "num_prompts": len(self.dataset),
+        }
+        for key, value in expected.items():
+            if state[key] != value:
+                raise DataError(
+                    f"cannot resume the prompt iterator: checkpoint has {key}={state[key]}, "
+                    f"this run has {value}"
+                )
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self._epoch_order(self.epoch)
