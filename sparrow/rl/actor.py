@@ -60,6 +60,14 @@ class ActorConfig:
     total_steps: int = 1000  # optimizer steps of the whole run (cosine schedule length)
     logprob_chunk_tokens: int = 4096  # (sequences x positions) per lm_head chunk: bounds logits
 
+    def __post_init__(self):
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+
 
 @dataclass
 class LogprobOutput:
@@ -229,11 +237,12 @@ class DenseActor:
         )
 
     def train_step(
-        self, micro_batches: list[dict[str, Tensor]], loss_fn: LossFn
+        self, micro_batches: list[dict[str, Tensor]], loss_fn: LossFn, temperature: float = 1.0
     ) -> dict[str, float]:
         """One optimizer update from `micro_batches` (each holds input_ids and attention_mask).
 
-        loss_fn(new_logprobs (b, T) fp32, micro_batch) -> (loss, metrics): the loss must be
+        loss_fn(new_logprobs (b, T) fp32 at `temperature`, micro_batch) -> (loss, metrics),
+        called with every tensor of the micro-batch on the actor's device; the loss must be
         normalised by the global token count of the step, so that the gradient applied is the
         plain sum over micro-batches and ranks and does not depend on how the batch is split.
         Returned `loss` and loss_fn metrics are summed over micro-batches and ranks (normalise
@@ -247,7 +256,7 @@ class DenseActor:
         sums: dict[str, float] = {"loss": 0.0, "entropy_sum": 0.0, "entropy_count": 0.0}
         for i, mb in enumerate(micro_batches):
             mb = {k: v.to(self.engine.device) for k, v in mb.items()}
-            out = self._forward(mb["input_ids"], mb["attention_mask"], 0, 1.0)
+            out = self._forward(mb["input_ids"], mb["attention_mask"], 0, temperature)
             loss, metrics = loss_fn(out.token_logprobs, mb)
             self.engine.set_gradient_accumulation_boundary(i == num_micro - 1)
             # DeepSpeed averages gradients over data-parallel ranks; the loss is a share of a

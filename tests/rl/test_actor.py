@@ -20,8 +20,8 @@ def reference_logprobs(model, input_ids, attention_mask, temperature=1.0):
 
 
 def make_actor(family="qwen3", **overrides):
-    cfg = ActorConfig(**{"zero_stage": 2, "lr": 1e-3, "micro_batch_size": 3, **overrides})
-    return DenseActor(tiny_causal_lm(family), cfg)
+    defaults = {"zero_stage": 2, "lr": 1e-3, "micro_batch_size": 3, "precision": "fp32"}
+    return DenseActor(tiny_causal_lm(family), ActorConfig(**{**defaults, **overrides}))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -149,3 +149,28 @@ def test_export_hf_round_trip(tmp_path):
     assert not torch.equal(exported.lm_head.weight, tiny_causal_lm("llama").lm_head.weight)
     assert exported.lm_head.weight.data_ptr() == exported.model.embed_tokens.weight.data_ptr()
     assert exported.config.vocab_size == VOCAB
+
+
+@pytest.mark.gpu
+def test_bf16_actor_on_gpu():
+    """precision=auto picks bf16 on CUDA; log-probs stay fp32 and close to an fp32 forward."""
+    actor = make_actor("llama", precision="auto")
+    assert actor.bf16 and actor.engine.device.type == "cuda"
+    batch = rl_batch(4, 12, seed=6)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    out = actor.compute_logprobs(ids, mask, topk=4)
+    assert out.token_logprobs.dtype == torch.float32 and out.token_logprobs.device == ids.device
+    ref = reference_logprobs(tiny_causal_lm("llama"), ids, mask)
+    ref_tok = ref.gather(-1, ids[..., None]).squeeze(-1)
+    scored = mask.clone()
+    scored[:, 0] = False
+    assert (out.token_logprobs - ref_tok)[scored].abs().max() < 0.05
+    metrics = actor.train_step(split_micro_batches(batch, 2), pg_loss_fn(int(mask.sum())))
+    assert metrics["skipped"] == 0 and math.isfinite(metrics["grad_norm"])
+    assert actor.gathered_state_dict()["lm_head.weight"].dtype == torch.bfloat16
+
+
+def test_config_rejects_unknown_choices():
+    for bad in ({"zero_stage": 4}, {"precision": "fp16"}, {"lr_schedule": "linear"}):
+        with pytest.raises(ValueError):
+            ActorConfig(**bad)

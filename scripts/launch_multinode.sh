@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Launch sparrow training on one node of a multi-node job (run this on every node).
+#
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 MASTER_PORT=29500 NPROC_PER_NODE=8 \
+#       scripts/launch_multinode.sh preset=...        # on node 0; NODE_RANK=1 on node 1
+#
+# Wraps torchrun with a c10d rendezvous hosted at MASTER_ADDR:MASTER_PORT; arguments are passed
+# to `python -m sparrow.cli.train`. Defaults give a single-node run on this machine.
+# NPROC_PER_NODE defaults to the GPU count (1 process on a CPU-only node).
+# RDZV_ID names the job (agents with different ids never join each other).
+# SPARROW_ENTRY=path/to/script.py runs that script instead of sparrow.cli.train (tests use it).
+# Checkpoints under the run directory must be on a filesystem shared by all nodes.
+set -euo pipefail
+
+NNODES="${NNODES:-1}"
+NODE_RANK="${NODE_RANK:-0}"
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+if [[ -z "${NPROC_PER_NODE:-}" ]]; then
+    NPROC_PER_NODE="$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
+fi
+RDZV_ID="${RDZV_ID:-sparrow}"
+
+if [[ -n "${SPARROW_ENTRY:-}" ]]; then
+    entry=("${SPARROW_ENTRY}")
+else
+    entry=(-m sparrow.cli.train)
+fi
+
+exec torchrun \
+    --nnodes "${NNODES}" \
+    --node_rank "${NODE_RANK}" \
+    --nproc_per_node "${NPROC_PER_NODE}" \
+    --rdzv_backend c10d \
+    --rdzv_endpoint "${MASTER_ADDR}:${MASTER_PORT}" \
+    --rdzv_id "${RDZV_ID}" \
+    "${entry[@]}" "$@"
