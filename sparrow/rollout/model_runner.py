@@ -73,9 +73,8 @@ class ModelRunner:
             slot_mapping=self._to(torch.cat(slots)),
             page_ids=self._to(torch.cat(page_ids)),
             fill_counts=self._to(torch.cat(fills)),
-            update_summaries=update_summaries,
         )
-        return self.model.prefill(
+        logits = self.model.prefill(
             self._to(torch.cat(ids)),
             self._to(positions),
             bounds,
@@ -83,6 +82,9 @@ class ModelRunner:
             self.kv,
             meta,
         )
+        if update_summaries:
+            self.kv.update_summaries(meta.page_ids, meta.fill_counts)
+        return logits
 
     @torch.inference_mode()
     def decode(
@@ -106,10 +108,12 @@ class ModelRunner:
             last_page_ids=self._to(last_page),
             last_page_fill=self._to(offset + 1),
             budgets=None if budgets is None else self._to(torch.tensor(budgets, dtype=torch.int32)),
-            update_summaries=update_summaries,
         )
         input_ids = torch.tensor([s.last_token_id for s in seqs], dtype=torch.int64)
-        return self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta)
+        logits = self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta)
+        if update_summaries:
+            self.kv.update_summaries(meta.last_page_ids, meta.last_page_fill)
+        return logits
 
     def _to(self, t: Tensor) -> Tensor:
         return t.to(self.device, non_blocking=True)

@@ -4,9 +4,12 @@ Owns the K/V pages of every layer (allocated once, sized by `num_pages`), the pa
 the sparse layers, and the per-step metadata that says where each token goes. Decode attention
 is dense on `dense_layers` and block-sparse elsewhere: pages are chosen per (sequence, KV head)
 by `select_pages` with the sequence's budget, then `paged_decode` attends to them (DESIGN.md §1).
-Summaries of sparse layers are kept current on every write while a schedule is set; sequences
-live within one generate call, and the schedule cannot change during one, so a call without a
-schedule skips them.
+Page summaries (one table over all layers x pages, viewed per sparse layer) are refreshed by
+`update_summaries` once per step for all sparse layers together, after the forward: a step never
+scores the page its token lands in (the last `num_recent` >= 1 pages are always attended), so the
+deferred refresh is exact and costs one op sequence per step instead of one per layer. The
+runner skips it when no schedule is set: sequences live within one generate call, and the
+schedule does not change during one.
 """
 
 from dataclasses import dataclass
@@ -33,7 +36,6 @@ class PrefillMetadata:
     slot_mapping: Tensor  # (M,) int64, cache slot (page * page_size + offset) of each such row
     page_ids: Tensor  # (P,) int64, physical pages written, for the summaries
     fill_counts: Tensor  # (P,) int64, valid tokens in each of them
-    update_summaries: bool  # a schedule is set, so sparse layers will read the summaries
 
 
 @dataclass
@@ -46,7 +48,6 @@ class DecodeMetadata:
     last_page_ids: Tensor  # (B,) int64, page the input token lands in
     last_page_fill: Tensor  # (B,) int64, valid tokens in that page after the write
     budgets: Tensor | None  # (B,) int32 pages per sparse layer; None: every layer dense
-    update_summaries: bool  # a schedule is set, so sparse layers will read the summaries
 
 
 class PagedKVCache:
@@ -69,19 +70,36 @@ class PagedKVCache:
         shape = (num_layers, num_pages, cfg.page_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, P, PAGE, H_kv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, P, PAGE, H_kv, D)
-        self.summaries: list[PageSummary | None] = [
-            None
-            if layer in cfg.dense_layers
-            else PageSummary.empty(num_pages, num_kv_heads, head_dim, device)
-            for layer in range(num_layers)
-        ]
+        # Row l * num_pages + p summarises page p of layer l (dense layers' rows stay unused), so
+        # that the flattened cache and this table share indices.
+        self._summary = PageSummary.empty(num_layers * num_pages, num_kv_heads, head_dim, device)
+        self._sparse_layers = [i for i in range(num_layers) if i not in cfg.dense_layers]
+        self.summaries: list[PageSummary | None] = [None] * num_layers
+        for i in self._sparse_layers:
+            rows = slice(i * num_pages, (i + 1) * num_pages)
+            self.summaries[i] = PageSummary(
+                self._summary.k_mean[rows], self._summary.k_min[rows], self._summary.k_max[rows]
+            )
 
     def write_prefill(self, layer: int, k: Tensor, v: Tensor, meta: PrefillMetadata) -> None:
         """k, v (N, H_kv, D) of the flattened prefill batch; shared prompt rows are written once."""
         write_kv(self.k[layer], self.v[layer], k[meta.kv_rows], v[meta.kv_rows], meta.slot_mapping)
-        summary = self.summaries[layer]
-        if summary is not None and meta.update_summaries:
-            update_page_summaries(self.k[layer], summary, meta.page_ids, meta.fill_counts)
+
+    @torch.inference_mode()
+    def update_summaries(self, page_ids: Tensor, fill_counts: Tensor) -> None:
+        """Refresh pages `page_ids` (P,) holding `fill_counts` (P,) tokens in every sparse layer."""
+        if not self._sparse_layers or page_ids.numel() == 0:
+            return
+        k_flat = self.k.view(-1, *self.k.shape[2:])  # (L * num_pages, PAGE, H_kv, D)
+        # Bound the temporary copy of the pages read (~4K pages at once).
+        per_call = max(1, 4096 // page_ids.numel())
+        for start in range(0, len(self._sparse_layers), per_call):
+            layers = torch.tensor(
+                self._sparse_layers[start : start + per_call], device=page_ids.device
+            )
+            rows = (layers[:, None] * self.num_pages + page_ids[None, :]).reshape(-1)
+            fills = fill_counts.repeat(len(layers))
+            update_page_summaries(k_flat, self._summary, rows, fills)
 
     def decode_attention(
         self, layer: int, q: Tensor, k: Tensor, v: Tensor, meta: DecodeMetadata
@@ -90,8 +108,6 @@ class PagedKVCache:
         k_cache, v_cache = self.k[layer], self.v[layer]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         summary = self.summaries[layer]
-        if summary is not None and meta.update_summaries:
-            update_page_summaries(k_cache, summary, meta.last_page_ids, meta.last_page_fill)
         selected = None
         if summary is not None and meta.budgets is not None:
             selected = select_pages(
@@ -105,9 +121,10 @@ class PagedKVCache:
                 num_sink=self.cfg.num_sink,
                 num_recent=self.cfg.num_recent,
                 backend=self.cfg.backend,
+                validate=False,
             )
-        # validate=False: the runner builds page tables from the block manager, and the value
-        # checks would cost a reduction (a device sync on GPU) per layer.
+        # validate=False: the runner builds page tables from the block manager and budgets of at
+        # least num_sink + num_recent; the value checks would cost a device sync per layer.
         return paged_decode(
             q,
             k_cache,

@@ -1,0 +1,215 @@
+"""`sparrow-bench rollout`: the engine against HF generate, and sparse against dense decode.
+
+    sparrow-bench rollout --json runs/bench_rollout.json   # full size: minutes on 2 CPU cores
+    sparrow-bench rollout --quick                           # smoke run: well under a minute
+
+1. Engine vs HF `generate`: the same model, `--batch` prompts of `--prompt-tokens` tokens,
+   `--new-tokens` sampled at temperature 1 with EOS ignored (HF: min_new_tokens), no top-k/top-p.
+   tokens/s = batch * new tokens / wall time, prefill included, for both.
+2. Sparse vs dense decode: one long prompt of `--context` tokens (arithmetic facts in a chat
+   turn), `--sparse-batch` samples sharing it, `--sparse-new-tokens` each; decode tokens/s
+   (prefill excluded: it is dense and identical in both runs) with no schedule vs a constant
+   budget of `--budget-tokens`. The sparse run's tokens are then teacher-forced through the dense
+   and the sparse engine, and the exact full-vocabulary acceptance a_t = sum_v min(p, q) gives
+   its p5 over all generated tokens.
+"""
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from sparrow.acceptance import exact_acceptance
+from sparrow.models import ModelConfig, load_model
+from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
+
+QUICK = {
+    "batch": 4,
+    "prompt_tokens": 32,
+    "new_tokens": 16,
+    "context": 512,
+    "sparse_batch": 2,
+    "sparse_new_tokens": 16,
+    "budget_tokens": 128,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lm = load_model(ModelConfig(args.model))
+    report = {
+        "config": {**vars(args), "threads": torch.get_num_threads()},
+        "engine_vs_hf": engine_vs_hf(lm, args),
+        "sparse_vs_dense": sparse_vs_dense(lm, args),
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def engine_vs_hf(lm, args) -> dict:
+    model, vocab = lm.model, lm.model.config.vocab_size
+    rng = random.Random(args.seed)
+    prompts = [
+        [rng.randrange(100, vocab) for _ in range(args.prompt_tokens)] for _ in range(args.batch)
+    ]
+    pages = args.batch * -(-(args.prompt_tokens + args.new_tokens) // args.page_size) + 8
+    engine = LLMEngine(model, lm.tokenizer, _engine_config(args, pages, max_batch_size=args.batch))
+    params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True)
+    input_ids = torch.tensor(prompts)
+    pad = lm.tokenizer.pad_token_id
+
+    def run_engine(new_tokens: int) -> None:
+        engine.generate(prompts, SamplingParams(1.0, max_tokens=new_tokens, ignore_eos=True))
+
+    def run_hf(new_tokens: int) -> None:
+        with torch.inference_mode():
+            model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=pad,
+            )
+
+    run_engine(2), run_hf(2)  # warm-up: allocator, thread pools
+    engine_s, hf_s = float("inf"), float("inf")
+    for _ in range(args.repeats):  # interleaved, best of: the CPU may be shared
+        engine_s = min(engine_s, _timed(lambda: engine.generate(prompts, params)))
+        hf_s = min(hf_s, _timed(lambda: run_hf(args.new_tokens)))
+    tokens = args.batch * args.new_tokens
+    result = {
+        "engine_tok_s": tokens / engine_s,
+        "hf_tok_s": tokens / hf_s,
+        "ratio": hf_s / engine_s,
+    }
+    print(
+        f"\nengine vs HF generate: {args.model} {args.dtype}, batch {args.batch}, prompt "
+        f"{args.prompt_tokens}, {args.new_tokens} new tokens, {torch.get_num_threads()} threads"
+    )
+    print(f"  engine  {result['engine_tok_s']:9.1f} tok/s  ({engine_s:.2f} s)")
+    print(f"  HF      {result['hf_tok_s']:9.1f} tok/s  ({hf_s:.2f} s)")
+    print(f"  ratio   {result['ratio']:9.2f}x")
+    return result
+
+
+def sparse_vs_dense(lm, args) -> dict:
+    prompt = long_prompt(lm.tokenizer, args.context, args.seed)
+    ps = args.page_size
+    budget_pages = args.budget_tokens // ps
+    pages = -(-len(prompt) // ps) + args.sparse_batch * (-(-args.sparse_new_tokens // ps) + 1) + 8
+    cfg = _engine_config(args, pages, max_batch_size=args.sparse_batch)
+    engine = LLMEngine(lm.model, lm.tokenizer, cfg)
+    params = SamplingParams(temperature=1.0, max_tokens=args.sparse_new_tokens, ignore_eos=True)
+    sparse_schedule = lambda context_tokens: budget_pages  # noqa: E731
+
+    dense_tok_s, sparse_tok_s, outputs = 0.0, 0.0, []
+    for _ in range(args.repeats):
+        engine.set_schedule(None)
+        engine.generate([prompt], params, n=args.sparse_batch)
+        dense_tok_s = max(dense_tok_s, engine.last_stats.decode_tok_s)
+        engine.set_schedule(sparse_schedule)
+        outputs = engine.generate([prompt], params, n=args.sparse_batch)
+        sparse_tok_s = max(sparse_tok_s, engine.last_stats.decode_tok_s)
+
+    completions = [o.token_ids for o in outputs]
+    prompts = [prompt] * len(completions)
+    sparse_logits = engine.score(prompts, completions)
+    engine.set_schedule(None)
+    dense_logits = engine.score(prompts, completions)
+    acc = torch.cat(
+        [
+            exact_acceptance(d.log_softmax(-1), s.log_softmax(-1))
+            for d, s in zip(dense_logits, sparse_logits, strict=True)
+        ]
+    )
+    result = {
+        "context_tokens": len(prompt),
+        "budget_tokens": budget_pages * ps,
+        "sparse_tok_s": sparse_tok_s,
+        "dense_tok_s": dense_tok_s,
+        "ratio": sparse_tok_s / dense_tok_s,
+        "p5_acceptance": torch.quantile(acc, 0.05).item(),
+    }
+    print(
+        f"\nsparse vs dense decode: context {len(prompt)} tokens, batch {args.sparse_batch}, "
+        f"{args.sparse_new_tokens} new tokens, budget {budget_pages} pages ({budget_pages * ps} "
+        f"tokens), {args.score} score, layers {tuple(cfg.dense_layers)} dense"
+    )
+    print(f"  dense   {dense_tok_s:9.1f} tok/s (decode)")
+    print(f"  sparse  {sparse_tok_s:9.1f} tok/s (decode)")
+    print(f"  ratio   {result['ratio']:9.2f}x")
+    print(
+        f"  sparse acceptance: p5 {result['p5_acceptance']:.3f}, mean {acc.mean().item():.3f}, "
+        f"min {acc.min().item():.3f} over {acc.numel()} tokens"
+    )
+    return result
+
+
+def long_prompt(tokenizer, num_tokens: int, seed: int) -> list[int]:
+    """A chat turn of about `num_tokens` tokens: arithmetic facts, then a question about one."""
+    rng = random.Random(seed)
+    facts = []
+    while True:
+        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+        facts.append(f"{a} + {b} = {a + b}.")
+        text = "Here are some facts.\n" + " ".join(facts)
+        if len(tokenizer(text)["input_ids"]) >= num_tokens - 40:
+            break
+    question = f"{text}\nWhat is {facts[len(facts) // 3].split(' =')[0]}? Explain step by step."
+    messages = [{"role": "user", "content": question}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return list(ids["input_ids"])
+
+
+def _engine_config(args, num_pages: int, max_batch_size: int) -> EngineConfig:
+    return EngineConfig(
+        page_size=args.page_size,
+        num_pages=num_pages,
+        max_batch_size=max_batch_size,
+        score=args.score,
+        dtype=args.dtype,
+        seed=args.seed,
+    )
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sparrow-bench rollout", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--batch", type=int, default=16, help="engine vs HF: prompts")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="engine vs HF: prompt length")
+    p.add_argument("--new-tokens", type=int, default=256, help="engine vs HF: tokens per prompt")
+    p.add_argument("--context", type=int, default=4096, help="sparse vs dense: prompt tokens")
+    p.add_argument("--sparse-batch", type=int, default=8, help="sparse vs dense: samples")
+    p.add_argument("--sparse-new-tokens", type=int, default=128)
+    p.add_argument("--budget-tokens", type=int, default=512, help="sparse budget (tokens)")
+    p.add_argument("--score", default="quest", choices=["quest", "centroid"])
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=1, help="timed runs; the best is kept")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="reduced sizes: a smoke run")
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
