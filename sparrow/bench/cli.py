@@ -8,6 +8,7 @@ import sys
 
 COMMANDS = {
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
+    "rollout": "sparrow.bench.rollout",  # engine vs HF generate; sparse vs dense decode + p5
 }
 
 
