@@ -34,6 +34,7 @@ setup(
         "console_scripts": [
             "sparrow-train=sparrow.cli.train:main",
             "sparrow-bench=sparrow.bench.cli:main",
+            "sparrow-generate=sparrow.cli.generate:main",
         ]
     },
 )

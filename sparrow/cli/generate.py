@@ -1,0 +1,176 @@
+"""`sparrow-generate`: prompts in, JSONL of sampled completions with per-token data out.
+
+    sparrow-generate --out runs/gen.jsonl                                  # embedded arithmetic
+    sparrow-generate --prompts data.jsonl --column question --n 4 --budget-tokens 512 --out o.jsonl
+    sparrow-generate --task long_context --schedule conf/schedule/cpu_online.yaml --out o.jsonl
+
+Prompts come from a jsonl/json/parquet/csv file (`--column` names the user message) or from the
+embedded task generator (`--prompts tasks`, the default), rendered with the chat template. Each
+output line is one sample: the prompt, the completion text and finish reason, and per generated
+token its id, full-vocabulary log-prob at the temperature (`logprobs`), log-prob under the
+top-k/top-p truncated distribution it was drawn from (`sampling_logprobs`), KV pages read per
+sparse layer (`budget_pages`) and context length (`context_lens`); `--topk` adds the top-K ids and
+log-probs. Decode is dense unless `--budget-tokens` or `--schedule` is given.
+"""
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from sparrow.models import ModelConfig, load_model
+from sparrow.rl.data import DataConfig, DataError, load_prompts
+from sparrow.rl.tasks import TaskConfig
+from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
+from sparrow.schedule import build_schedule, load_schedule_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.budget_tokens is not None and args.schedule is not None:
+        print("sparrow-generate: give --budget-tokens or --schedule, not both", file=sys.stderr)
+        return 2
+    torch.manual_seed(args.seed)
+    lm = load_model(ModelConfig(args.model, dtype=args.dtype))
+    data = DataConfig(
+        source=args.prompts,
+        split=args.split,
+        prompt_column=args.column,
+        answer_column=args.answer_column,
+        chat_template=not args.no_chat_template,
+        max_prompt_tokens=args.max_prompt_tokens,
+        shuffle_seed=None,
+        tasks=TaskConfig(kind=args.task, num_examples=args.limit or 2000, seed=args.seed),
+    )
+    try:
+        dataset = _load(data, lm.tokenizer)
+    except DataError as e:
+        print(f"sparrow-generate: {e}", file=sys.stderr)
+        return 2
+    prompts = dataset.prompts[: args.limit] if args.limit else dataset.prompts
+    print(f"sparrow-generate: {dataset.summary()}; generating for {len(prompts)}", file=sys.stderr)
+
+    engine_cfg = EngineConfig(
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        max_batch_size=args.max_batch_size,
+        score=args.score,
+        topk_logprobs=args.topk or 20,
+        dtype=args.dtype,
+        seed=args.seed,
+    )
+    engine = LLMEngine(lm.model, lm.tokenizer, engine_cfg, schedule=_schedule(args))
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        stop_strings=tuple(args.stop),
+    )
+    start = time.perf_counter()
+    try:
+        outputs = engine.generate([p.token_ids for p in prompts], params, n=args.n, progress=True)
+    except ValueError as e:
+        print(f"sparrow-generate: {e}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - start
+
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("w") as f:
+        for o in outputs:
+            f.write(json.dumps(_row(o, prompts[o.prompt_index], args.topk)) + "\n")
+    num_tokens = sum(len(o.token_ids) for o in outputs)
+    reasons = dict(Counter(o.finish_reason for o in outputs))
+    print(
+        f"sparrow-generate: {len(outputs)} completions, {num_tokens} tokens in {elapsed:.1f} s "
+        f"({num_tokens / elapsed:.1f} tok/s), finish {reasons}, "
+        f"{engine.last_stats.num_preemptions} preemptions -> {out_path}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _load(data: DataConfig, tokenizer):
+    """The training loader, which requires an answer column; a prompts-only file is fine here
+    (its rows get the prompt as a stand-in answer, written out as null)."""
+    try:
+        return load_prompts(data, tokenizer)
+    except DataError as e:
+        if data.source == "tasks" or f"answer column {data.answer_column!r}" not in str(e):
+            raise
+        data.answer_column = data.prompt_column
+        dataset = load_prompts(data, tokenizer)
+        dataset.prompts = [replace(p, answer=None) for p in dataset.prompts]
+        return dataset
+
+
+def _schedule(args):
+    if args.budget_tokens is not None:
+        pages = max(1, args.budget_tokens // args.page_size)
+        return lambda context_tokens: pages
+    if args.schedule is not None:
+        schedule = build_schedule(load_schedule_config(args.schedule))
+        return None if schedule is None else schedule.budget_pages
+    return None
+
+
+def _row(output, prompt, topk: int) -> dict:
+    row = {
+        "prompt_index": output.prompt_index,
+        "sample_index": output.sample_index,
+        "source_index": prompt.index,
+        "prompt": prompt.text,
+        "answer": prompt.answer,
+        "completion": output.text,
+        "finish_reason": output.finish_reason,
+        "token_ids": output.token_ids,
+        "logprobs": output.logprobs.tolist(),
+        "sampling_logprobs": output.sampling_logprobs.tolist(),
+        "budget_pages": output.budget_pages.tolist(),
+        "context_lens": output.context_lens.tolist(),
+        "num_preemptions": output.num_preemptions,
+    }
+    if topk:
+        row["topk_ids"] = output.topk_ids[:, :topk].tolist()
+        row["topk_logprobs"] = output.topk_logprobs[:, :topk].tolist()
+    return row
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sparrow-generate", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="output JSONL path")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name, hub id, dir")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--prompts", default="tasks", help='"tasks" (embedded) or a data file')
+    p.add_argument("--column", default="prompt", help="column holding the user message")
+    p.add_argument("--answer-column", default="answer", help="column kept as `answer` if present")
+    p.add_argument("--task", default="arithmetic", choices=["arithmetic", "long_context"])
+    p.add_argument("--split", default="train", help='file split, or "train"/"heldout" for tasks')
+    p.add_argument("--limit", type=int, default=0, help="first N prompts only (0: all)")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the text as is")
+    p.add_argument("--max-prompt-tokens", type=int, default=8192)
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--topk", type=int, default=0, help="also write the top-K ids and log-probs")
+    p.add_argument("--budget-tokens", type=int, default=None, help="constant sparse budget")
+    p.add_argument("--schedule", default=None, help="schedule YAML (conf/schedule/*.yaml)")
+    p.add_argument("--score", default="quest", choices=["quest", "centroid"])
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--num-pages", type=int, default=2048, help="KV pool size in pages")
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
