@@ -35,6 +35,7 @@ setup(
             "sparrow-train=sparrow.cli.train:main",
             "sparrow-bench=sparrow.bench.cli:main",
             "sparrow-generate=sparrow.cli.generate:main",
+            "sparrow-report=sparrow.cli.report:main",
         ]
     },
 )

@@ -1,0 +1,59 @@
+"""Hydra composition of conf/ into a typed SparrowConfig, with one-line errors for bad input.
+
+The structured schema (sparrow/config.py) is registered as `sparrow_schema`, so a mistyped key or
+a value of the wrong type fails composition; the message names the key. This is the only place
+that turns a DictConfig into dataclasses.
+"""
+
+import os
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from sparrow.config import SparrowConfig
+
+
+class ConfigError(ValueError):
+    """A config that does not compose or validate; str() is one line naming the key."""
+
+
+def conf_dir() -> Path:
+    """conf/ of the checkout, or $SPARROW_CONF."""
+    path = Path(os.environ.get("SPARROW_CONF", Path(__file__).resolve().parents[2] / "conf"))
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"no config.yaml in {path} (set SPARROW_CONF to the conf/ directory)")
+    return path
+
+
+def compose_dict(overrides: list[str], config_name: str = "config"):
+    """The composed DictConfig (validated against the schema), for printing."""
+    ConfigStore.instance().store(name="sparrow_schema", node=SparrowConfig)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return compose(config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(_one_line(err)) from err
+
+
+def load_config(overrides: list[str]) -> SparrowConfig:
+    cfg = compose_dict(overrides)
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:  # e.g. a mandatory value (???) left unset
+        raise ConfigError(_one_line(err)) from err
+
+
+def _one_line(err: BaseException) -> str:
+    parts = []
+    while err is not None:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if first not in parts:
+            parts.append(first)
+        err = err.__cause__
+    return ": ".join(parts)

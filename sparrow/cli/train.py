@@ -1,0 +1,54 @@
+"""`sparrow-train [key=value ...] [--cfg job]`: compose conf/ with Hydra overrides and train.
+
+    sparrow-train                          # the embedded CPU default (SmolLM2, arithmetic task)
+    sparrow-train preset=smoke             # 2 steps of a tiny random model
+    sparrow-train preset=tiny --cfg job    # print the composed config and exit
+    sparrow-train rl.steps=50 deepspeed.lr=1e-6 schedule=qwen3_1p7b_tau086
+
+Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
+"""
+
+import logging
+import sys
+
+USAGE = __doc__
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    print_cfg = None
+    if "--cfg" in argv:
+        i = argv.index("--cfg")
+        print_cfg = argv[i + 1] if i + 1 < len(argv) else "job"
+        del argv[i : i + 2]
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    from omegaconf import OmegaConf
+
+    from sparrow.cli.config_loader import ConfigError, compose_dict, load_config
+
+    try:
+        if print_cfg is not None:
+            print(OmegaConf.to_yaml(compose_dict(argv)), end="")
+            return 0
+        cfg = load_config(argv)
+    except ConfigError as err:
+        print(f"sparrow-train: config error: {err}", file=sys.stderr)
+        return 2
+
+    from sparrow.rl.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(cfg)
+    if cfg.dry_run:
+        print(trainer.plan())
+        print("dry run: model and data loaded, stopping before training")
+        return 0
+    trainer.fit()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

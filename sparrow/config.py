@@ -1,0 +1,70 @@
+"""The run configuration: one typed dataclass tree, composed by Hydra at the CLI edge.
+
+Each component owns its config dataclass (fields documented there); this module only groups them
+the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, deepspeed, logger)
+and adds the run-level fields. Library code receives these dataclasses, never a DictConfig.
+"""
+
+from dataclasses import dataclass, field
+
+from sparrow.acceptance import MonitorConfig
+from sparrow.controller import ControllerConfig
+from sparrow.models import ModelConfig
+from sparrow.rl.actor import ActorConfig
+from sparrow.rl.advantages import AdvantageConfig
+from sparrow.rl.data import DataConfig
+from sparrow.rl.losses import LossConfig
+from sparrow.rl.metrics_logger import LoggerConfig
+from sparrow.rl.rewards import RewardConfig
+from sparrow.rollout.engine import EngineConfig
+from sparrow.schedule import ScheduleConfig
+
+
+@dataclass
+class RolloutConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)  # the inference engine
+    temperature: float = 1.0  # sampling temperature of training rollouts (the paper: 1)
+    top_p: float = 1.0  # nucleus mass; < 1 makes log-probs truncated (full-vocab ones are kept)
+    top_k: int | None = None  # keep the k most likely tokens; None keeps all
+    max_new_tokens: int = 48  # completion length cap
+    progress: bool = True  # tqdm bar over the rollout
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # evaluate held-out accuracy every this many steps (and before/after); 0: off
+    split: str = "heldout"  # data split used for evaluation
+    num_prompts: int = 200  # held-out prompts evaluated (all of them if fewer)
+    temperature: float = 0.0  # 0: greedy
+    max_new_tokens: int = 48  # completion length cap at evaluation
+
+
+@dataclass
+class RLConfig:
+    steps: int = 20  # GRPO steps (one rollout batch and one optimizer update each)
+    prompts_per_step: int = 8  # prompts per step over all ranks
+    group_size: int = 8  # samples per prompt (the GRPO group)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    save_every: int = 10  # checkpoint every this many steps (and at the end); 0: only at the end
+    keep_last: int = 2  # complete checkpoints kept
+    max_nonfinite_streak: int = 3  # consecutive skipped (NaN/Inf) updates that stop the run
+
+
+@dataclass
+class SparrowConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    deepspeed: ActorConfig = field(default_factory=ActorConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
+    seed: int = 0  # seeds torch, python and numpy (and so sampling) on every rank
+    resume: str = "auto"  # auto: newest complete checkpoint in run_dir if any | never | a path
+    dry_run: bool = False  # load model and data, print the plan, stop before training

@@ -1,0 +1,57 @@
+"""Held-out evaluation: accuracy (with a 95% interval) and mean completion length.
+
+The interval is the normal approximation with a Wilson fallback at the extremes, over the
+held-out prompts of all ranks; `sum_over_ranks` reduces counts across data-parallel ranks.
+"""
+
+import math
+from collections.abc import Callable, Sequence
+
+from sparrow.rl.data import Prompt
+from sparrow.rl.rewards import GuardedReward, score_batch
+from sparrow.rollout.engine import LLMEngine, SamplingParams
+
+
+def wilson_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (sane at 0 and n)."""
+    if n <= 0:
+        return (math.nan, math.nan)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (centre - half, centre + half)
+
+
+def evaluate(
+    engine: LLMEngine,
+    reward: GuardedReward,
+    prompts: Sequence[Prompt],
+    params: SamplingParams,
+    sum_over_ranks: Callable[[float], float] = float,
+) -> dict[str, float]:
+    """One sample per held-out prompt; accuracy = mean reward (rewards are 0/1 here)."""
+    if prompts:
+        outputs = engine.generate([p.token_ids for p in prompts], params, n=1)
+        scores = score_batch(
+            reward,
+            [p.text for p in prompts],
+            [o.text for o in outputs],
+            [p.answer for p in prompts],
+        ).scores
+        correct, lengths = float(scores.sum()), float(sum(len(o.token_ids) for o in outputs))
+    else:
+        correct, lengths = 0.0, 0.0
+    n = sum_over_ranks(len(prompts))
+    correct = sum_over_ranks(correct)
+    lengths = sum_over_ranks(lengths)
+    lo, hi = wilson_interval(correct, n)
+    accuracy = correct / max(n, 1.0)
+    return {
+        "eval/accuracy": accuracy,
+        "eval/accuracy_lo95": lo,
+        "eval/accuracy_hi95": hi,
+        "eval/accuracy_ci95": (hi - lo) / 2,
+        "eval/n": n,
+        "eval/len_mean": lengths / max(n, 1.0),
+    }

@@ -1,0 +1,40 @@
+"""What one step reports: rollout metrics from the batch, and the one console line per step."""
+
+import math
+
+from sparrow.batch import RolloutBatch
+from sparrow.rl.rewards import BatchScores
+
+
+def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, global_mean) -> dict:
+    """Reward, accuracy, lengths and finish reasons, averaged over all ranks' samples."""
+    n = len(outputs)
+    lengths = batch.completion_mask.sum(1).float()  # (B,)
+    truncated = sum(o.finish_reason == "length" for o in outputs)
+    return {
+        "reward/mean": global_mean(float(scores.scores.sum()), n),
+        "acc/train": global_mean(float((scores.scores >= 1.0).sum()), n),
+        "len/completion_mean": global_mean(float(lengths.sum()), n),
+        "len/completion_max": float(lengths.max()),
+        "len/prompt_mean": global_mean(float(batch.prompt_lens.sum()), n),
+        "len/truncated_frac": global_mean(float(truncated), n),
+        "rollout/tokens": global_mean(float(lengths.sum()), 1),
+    }
+
+
+def format_step_line(step: int, total: int, m: dict) -> str:
+    """reward, accuracy, lengths, loss, clip fractions, TIS stats, p5, KV ratio, time split."""
+
+    def g(key, fmt="{:.3f}"):
+        value = m.get(key, math.nan)
+        return fmt.format(value) if isinstance(value, (int, float)) else str(value)
+
+    return (
+        f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
+        f"len {g('len/completion_mean', '{:.1f}')} | loss {g('loss/loss', '{:+.4f}')} "
+        f"clip lo/hi {g('update/clip_frac_low')}/{g('update/clip_frac_high')} "
+        f"tis {g('update/tis_weight_mean')} [{g('update/tis_weight_min', '{:.2f}')}, "
+        f"{g('update/tis_weight_max', '{:.2f}')}] | p5 min {g('accept/p5_min')} "
+        f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
+        f"logp {g('time/logprobs_s', '{:.1f}')}s update {g('time/update_s', '{:.1f}')}s"
+    )

@@ -1,0 +1,370 @@
+"""The GRPO loop: sparse rollouts -> rewards -> advantages -> dense log-probs -> monitor and
+controller -> update -> weight sync -> eval -> checkpoint.
+
+    sparrow-train                       # SmolLM2 on the embedded task (conf/config.yaml)
+    sparrow-train preset=smoke          # 2 steps of a tiny model
+
+Departures from the Sparrow paper's recipe (DESIGN.md §1), on purpose:
+- the budget schedule is set online by a closed-loop controller from this step's p5 acceptance
+  (the paper calibrates an offline table; `schedule.mode=fixed` reproduces that);
+- acceptance uses the paper's top-K lower bound on every token (exact full-vocabulary acceptance
+  is for offline probes: the engine keeps only the top-K of the rollout policy);
+- one optimizer update per rollout batch (on-policy up to the sparse/dense mismatch, which TIS
+  corrects), as the paper's recipe.
+Every data-parallel rank runs its own engine on its share of the step's prompts.
+"""
+
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from sparrow.acceptance import AcceptanceMonitor, flatten_completion, topk_acceptance_bound
+from sparrow.batch import RolloutBatch, collate_rollouts
+from sparrow.config import SparrowConfig
+from sparrow.controller import make_controller
+from sparrow.cost_model import CostConfig, ModelShape, predicted_speedup
+from sparrow.models import load_model
+from sparrow.rl.actor import DenseActor, split_micro_batches
+from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
+from sparrow.rl.checkpoint import CheckpointManager
+from sparrow.rl.data import PromptIterator, load_prompts
+from sparrow.rl.evaluation import evaluate
+from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
+from sparrow.rl.metrics_logger import MetricsLogger
+from sparrow.rl.rewards import build_reward, score_batch
+from sparrow.rl.step_report import format_step_line, rollout_metrics
+from sparrow.rollout.engine import LLMEngine, SamplingParams
+from sparrow.schedule import build_schedule
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteStreak(RuntimeError):
+    """Too many consecutive updates skipped for NaN/Inf: stop instead of training on garbage."""
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: SparrowConfig):
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        loaded = load_model(cfg.model)
+        self.tokenizer = loaded.tokenizer
+        self.actor = DenseActor(loaded.model, cfg.deepspeed)
+        self.rank, self.world = self.actor.rank, self.actor.world_size
+        self.run_dir = Path(cfg.run_dir)
+
+        self.train_data = load_prompts(cfg.data, self.tokenizer)
+        eval_cfg = cfg.rl.eval
+        self.eval_data = load_prompts(_with_split(cfg.data, eval_cfg.split), self.tokenizer)
+        if cfg.rl.prompts_per_step % self.world:
+            raise ValueError(
+                f"rl.prompts_per_step={cfg.rl.prompts_per_step} must divide over {self.world} ranks"
+            )
+        self.prompts = PromptIterator(
+            self.train_data, cfg.rl.prompts_per_step, cfg.data.shuffle_seed
+        )
+
+        self.controller = make_controller(cfg.schedule, cfg.controller)
+        engine_model = load_model(cfg.model).model  # the engine owns a copy; synced each step
+        self.engine = LLMEngine(engine_model, self.tokenizer, cfg.rollout.engine)
+        self._push_schedule()
+        self.sampling = SamplingParams(
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            max_tokens=cfg.rollout.max_new_tokens,
+        )
+        self.reward = build_reward(cfg.rl.reward)
+        self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
+        self.loss_fn = PolicyLoss(cfg.rl.loss)
+        self.monitor = AcceptanceMonitor(cfg.monitor.bin_tokens)
+        self.shape = ModelShape.from_hf_config(loaded.model.config, dtype_bytes=4)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
+        self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
+        self.step = 0
+        self.nonfinite_streak = 0
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        self._maybe_resume()
+        if self.rank == 0:
+            print(self.plan(), flush=True)
+        last_eval = None
+        if self.cfg.rl.eval.every and self.step == 0:
+            last_eval = self._evaluate()
+        while self.step < self.cfg.rl.steps:
+            metrics = self.train_step()
+            self.step += 1
+            if self.cfg.rl.eval.every and (
+                self.step % self.cfg.rl.eval.every == 0 or self.step == self.cfg.rl.steps
+            ):
+                last_eval = self._evaluate()
+                metrics |= last_eval
+            self.logger.log(self.step, metrics)
+            if self.rank == 0 and self.step % self.cfg.logger.console_every == 0:
+                print(format_step_line(self.step, self.cfg.rl.steps, metrics), flush=True)
+            every = self.cfg.rl.save_every
+            if (every and self.step % every == 0) or self.step == self.cfg.rl.steps:
+                self.save()
+        self.actor.export_hf(self.run_dir / "policy", self.tokenizer)
+        self.logger.close()
+        return last_eval or {}
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        prompts = next(self.prompts)[self.rank :: self.world]  # this rank's share
+        outputs = self.engine.generate(
+            [p.token_ids for p in prompts],
+            self.sampling,
+            n=cfg.rl.group_size,
+            progress=cfg.rollout.progress and self.rank == 0,
+        )
+        group_offset = self.rank * len(prompts)
+        batch = collate_rollouts(
+            [p.token_ids for p in prompts],
+            outputs,
+            self.tokenizer.pad_token_id,
+            [group_offset + o.prompt_index for o in outputs],
+        )
+        scores = score_batch(
+            self.reward,
+            [prompts[o.prompt_index].text for o in outputs],
+            [o.text for o in outputs],
+            [prompts[o.prompt_index].answer for o in outputs],
+        )
+        t_rollout = time.perf_counter()
+
+        # GRPO groups never span ranks (a rank rolls out whole groups), so advantages are local.
+        advantages = self.advantage_fn(scores.scores, batch.group_ids)  # (B,)
+        dense = self.actor.compute_logprobs(
+            batch.input_ids, batch.attention_mask, topk=cfg.monitor.top_k
+        )
+        t_logprobs = time.perf_counter()
+        accept_metrics = self._monitor_and_control(batch, dense)
+
+        num_tokens = self._global_sum(batch.completion_mask.sum())
+        train_batch = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "completion_mask": batch.completion_mask,
+            "old_logprobs": dense.token_logprobs,
+            "rollout_logprobs": batch.sampled_logprobs,
+            "advantages": broadcast_to_tokens(advantages, batch.completion_mask),
+        }
+
+        extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
+
+        def loss_fn(logprobs, mb):
+            loss, metrics = self.loss_fn(
+                logprobs,
+                mb["old_logprobs"],
+                mb["rollout_logprobs"],
+                mb["advantages"],
+                mb["completion_mask"],
+                num_tokens,
+            )
+            for key in [k for k in metrics if METRIC_REDUCTIONS.get(k) in ("min", "max")]:
+                extremes.setdefault(key, []).append(float(metrics.pop(key)))
+            return loss, metrics
+
+        update = self.actor.train_step(
+            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size), loss_fn
+        )
+        update |= {k: self._global_extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
+        self._check_nonfinite(update)
+        t_update = time.perf_counter()
+        self.engine.update_weights(self.actor.gathered_state_dict())
+        t_sync = time.perf_counter()
+
+        metrics = rollout_metrics(batch, scores, outputs, self._global_mean)
+        metrics |= accept_metrics
+        metrics |= {
+            f"loss/{k}" if k in ("loss", "pg_loss") else f"update/{k}": v for k, v in update.items()
+        }
+        metrics |= scores.stats.as_metrics()
+        metrics |= {
+            "time/rollout_s": t_rollout - t0,
+            "time/logprobs_s": t_logprobs - t_rollout,
+            "time/update_s": t_update - t_logprobs,
+            "time/sync_s": t_sync - t_update,
+            "time/step_s": t_sync - t0,
+        }
+        return metrics
+
+    # ---- pieces -----------------------------------------------------------------------------
+
+    def _monitor_and_control(self, batch: RolloutBatch, dense) -> dict:
+        """Per-token acceptance (top-K bound) pooled over ranks, per-bin stats, controller."""
+        mask = batch.completion_mask
+        accept = topk_acceptance_bound(
+            batch.topk_ids[mask],
+            batch.topk_logprobs[mask],
+            dense.topk_ids[mask],
+            dense.topk_logprobs[mask],
+        )  # (N,)
+        _, positions = flatten_completion(batch.budget_pages, mask)
+        accept, positions = self._gather_tokens(accept, positions)
+        self.monitor.reset()
+        self.monitor.update(accept, positions)
+        stats = self.monitor.summary()
+        metrics = {"accept/mean": float(accept.mean()) if len(accept) else math.nan}
+        for s in stats:
+            metrics |= {
+                f"accept/{name}/bin{s.bin_index}": getattr(s, name)
+                for name in ("mean", "p1", "p5", "p50")
+            }
+            metrics[f"accept/count/bin{s.bin_index}"] = s.count
+        if stats:
+            metrics["accept/p5_min"] = min(s.p5 for s in stats)
+        self.logger.log_histogram(self.step + 1, "accept/histogram", accept.tolist())
+
+        metrics |= self._kv_read_metrics(batch)
+        if self.controller is not None:
+            metrics["controller/tau"] = self.cfg.controller.tau
+            self.controller.update(stats)
+            self._push_schedule()
+            schedule = self.controller.schedule
+            for i, b in enumerate(schedule.budgets_pages):
+                metrics[f"schedule/budget_pages/bin{i}"] = b
+            prompt_tokens = int(batch.prompt_lens.float().mean())
+            output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
+            cost_cfg = CostConfig(num_dense_layers=len(self.cfg.rollout.engine.dense_layers))
+            metrics["speedup/predicted"] = predicted_speedup(
+                self.shape, prompt_tokens, output_tokens, len(batch), schedule, cost_cfg
+            )
+        return metrics
+
+    def _kv_read_metrics(self, batch: RolloutBatch) -> dict:
+        """Pages read by sparse layers over the pages a dense decode would read."""
+        mask = batch.completion_mask
+        positions = torch.arange(batch.input_ids.shape[1]).expand_as(mask)  # (B, T)
+        page = self.cfg.rollout.engine.page_size
+        dense_pages = torch.div(positions + page - 1, page, rounding_mode="floor")  # ceil(t / P)
+        read = self._global_sum(batch.budget_pages[mask].sum())
+        full = self._global_sum(dense_pages[mask].sum())
+        return {"kv_read_ratio": read / max(full, 1.0)}
+
+    def _push_schedule(self) -> None:
+        schedule = (
+            build_schedule(self.cfg.schedule)
+            if self.controller is None
+            else (self.controller.schedule)
+        )
+        self.engine.set_schedule(None if schedule is None else schedule.budget_pages)
+
+    def _evaluate(self) -> dict:
+        ecfg = self.cfg.rl.eval
+        prompts = self.eval_data.prompts[: ecfg.num_prompts][self.rank :: self.world]
+        params = SamplingParams(temperature=ecfg.temperature, max_tokens=ecfg.max_new_tokens)
+        # The dense policy is what is trained and scored: evaluate without sparsity.
+        self.engine.set_schedule(None)
+        result = evaluate(self.engine, self.reward, prompts, params, self._global_sum)
+        self._push_schedule()
+        if self.rank == 0:
+            print(
+                f"eval step {self.step}: accuracy {result['eval/accuracy']:.3f} "
+                f"± {result['eval/accuracy_ci95']:.3f} (n={int(result['eval/n'])}), "
+                f"mean length {result['eval/len_mean']:.1f}",
+                flush=True,
+            )
+        return result
+
+    def _check_nonfinite(self, update: dict) -> None:
+        if update.get("skipped", 0.0) > 0:
+            self.nonfinite_streak += 1
+            log.warning("step %d: non-finite loss or gradient, update skipped", self.step + 1)
+            if self.nonfinite_streak >= self.cfg.rl.max_nonfinite_streak:
+                raise NonFiniteStreak(
+                    f"{self.nonfinite_streak} consecutive updates had a non-finite loss or "
+                    f"gradient (last at step {self.step + 1}); stopping. Lower deepspeed.lr or "
+                    "check the data; resume=auto restarts from the last checkpoint."
+                )
+        else:
+            self.nonfinite_streak = 0
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "prompts": self.prompts.state_dict(),
+            "controller": None if self.controller is None else self.controller.state_dict(),
+            "engine_generate_calls": self.engine.num_generate_calls,
+            "nonfinite_streak": self.nonfinite_streak,
+        }
+
+    def save(self) -> Path:
+        return self.checkpoints.save(self.step, self.state_dict(), self.actor.save_checkpoint)
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.resume
+        if resume == "never":
+            return
+        path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
+        if path is None:
+            return
+        loaded = self.checkpoints.load(path)
+        self.actor.load_checkpoint(loaded.actor_dir)
+        state = loaded.state
+        self.prompts.load_state_dict(state["prompts"])
+        if self.controller is not None and state["controller"] is not None:
+            self.controller.load_state_dict(state["controller"])
+        self.engine.num_generate_calls = state["engine_generate_calls"]
+        self.nonfinite_streak = state["nonfinite_streak"]
+        self.step = loaded.step
+        self.engine.update_weights(self.actor.gathered_state_dict())
+        self._push_schedule()
+        if self.rank == 0:
+            print(f"resumed from {path} at step {self.step}", flush=True)
+
+    # ---- reductions over ranks --------------------------------------------------------------
+
+    def _global_sum(self, value) -> float:
+        t = torch.as_tensor(value, dtype=torch.float64).reshape(1).clone()
+        if self.world > 1:
+            dist.all_reduce(t)
+        return float(t)
+
+    def _global_mean(self, total, count) -> float:
+        return self._global_sum(total) / max(self._global_sum(count), 1.0)
+
+    def _global_extreme(self, values: list[float], how: str) -> float:
+        t = torch.tensor([min(values) if how == "min" else max(values)], dtype=torch.float64)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN if how == "min" else dist.ReduceOp.MAX)
+        return float(t)
+
+    def _gather_tokens(self, values: torch.Tensor, positions: torch.Tensor):
+        if self.world == 1:
+            return values, positions
+        parts = [None] * self.world
+        dist.all_gather_object(parts, (values.cpu(), positions.cpu()))
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def plan(self) -> str:
+        cfg = self.cfg
+        sched = (
+            "dense"
+            if cfg.schedule.mode == "dense"
+            else (
+                f"{cfg.schedule.mode} (tau {cfg.controller.tau}, bins of {cfg.schedule.bin_tokens})"
+            )
+        )
+        return (
+            f"sparrow-train: {cfg.model.name} | {self.train_data.summary()}\n"
+            f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
+            f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {self.world}, "
+            f"ZeRO-{cfg.deepspeed.zero_stage}; schedule {sched}; run dir {self.run_dir}"
+        )
+
+
+def _with_split(data_cfg, split: str):
+    from dataclasses import replace
+
+    return replace(data_cfg, split=split)
