@@ -97,6 +97,8 @@ def test_micro_batch_split_does_not_change_the_update(zero_stage):
     assert max((one[k] - initial[k]).abs().max() for k in one) > 1e-4  # it did train
     assert max((one[k] - four[k]).abs().max() for k in one) <= 1e-6
     assert m_one["loss"] == pytest.approx(m_four["loss"], abs=1e-6)
+    # Adam hides a uniform gradient scale; the norm shows the sum is not divided by 4.
+    assert m_one["grad_norm"] == pytest.approx(m_four["grad_norm"], rel=1e-6)
     assert m_one["tokens_frac"] == pytest.approx(1.0)  # metrics sum like the loss
 
 
@@ -174,3 +176,31 @@ def test_config_rejects_unknown_choices():
     for bad in ({"zero_stage": 4}, {"precision": "fp16"}, {"lr_schedule": "linear"}):
         with pytest.raises(ValueError):
             ActorConfig(**bad)
+
+
+def test_logits_never_exceed_one_chunk():
+    """lm_head sees at most logprob_chunk_tokens rows; training keeps no (.., V) activation."""
+    model = tiny_causal_lm()
+    rows_seen = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda mod, inp, out: rows_seen.append(out.shape[0] * out.shape[1])
+    )
+    cfg = ActorConfig(zero_stage=2, micro_batch_size=3, logprob_chunk_tokens=8, precision="fp32")
+    actor = DenseActor(model, cfg)
+    batch = rl_batch(6, 12, seed=7)
+    actor.compute_logprobs(batch["input_ids"], batch["attention_mask"], topk=2)
+    assert 0 < max(rows_seen) <= 8
+
+    saved_vocab_sized = []
+
+    def pack(t):
+        if t.shape and t.shape[-1] == VOCAB:
+            saved_vocab_sized.append(t.shape)
+        return t
+
+    rows_seen.clear()
+    loss_fn = pg_loss_fn(int(batch["completion_mask"].sum()))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        actor.train_step(split_micro_batches(batch, 3), loss_fn)
+    assert 0 < max(rows_seen) <= 8  # forward and the recompute in backward
+    assert saved_vocab_sized == []  # the chunk's logits are recomputed, not kept
