@@ -5,7 +5,9 @@
 
 1. Engine vs HF `generate`: the same model, `--batch` prompts of `--prompt-tokens` tokens,
    `--new-tokens` sampled at temperature 1 with EOS ignored (HF: min_new_tokens), no top-k/top-p.
-   tokens/s = batch * new tokens / wall time, prefill included, for both.
+   tokens/s = batch * new tokens / wall time, prefill included, for both. The engine runs with
+   both GEMM backends (torch: HF's GEMMs; onednn: pre-packed weights, the CPU throughput mode);
+   the JSON's engine_tok_s is `--linear-backend`'s.
 2. Sparse vs dense decode: one long prompt of `--context` tokens (arithmetic facts in a chat
    turn), `--sparse-batch` samples sharing it, `--sparse-new-tokens` each; decode tokens/s
    (prefill excluded: it is dense and identical in both runs) with no schedule vs a constant
@@ -61,13 +63,15 @@ def engine_vs_hf(lm, args) -> dict:
         [rng.randrange(100, vocab) for _ in range(args.prompt_tokens)] for _ in range(args.batch)
     ]
     pages = args.batch * -(-(args.prompt_tokens + args.new_tokens) // args.page_size) + 8
-    engine = LLMEngine(model, lm.tokenizer, _engine_config(args, pages, max_batch_size=args.batch))
+    # Both GEMM backends: "torch" matches HF's GEMMs, "onednn" is the CPU throughput mode.
+    backends = list(dict.fromkeys([args.linear_backend, "torch"]))
+    engines = {
+        b: LLMEngine(model, lm.tokenizer, _engine_config(args, pages, args.batch, b))
+        for b in backends
+    }
     params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True)
     input_ids = torch.tensor(prompts)
     pad = lm.tokenizer.pad_token_id
-
-    def run_engine(new_tokens: int) -> None:
-        engine.generate(prompts, SamplingParams(1.0, max_tokens=new_tokens, ignore_eos=True))
 
     def run_hf(new_tokens: int) -> None:
         with torch.inference_mode():
@@ -83,24 +87,32 @@ def engine_vs_hf(lm, args) -> dict:
                 pad_token_id=pad,
             )
 
-    run_engine(2), run_hf(2)  # warm-up: allocator, thread pools
-    engine_s, hf_s = float("inf"), float("inf")
+    warm = SamplingParams(1.0, max_tokens=2, ignore_eos=True)
+    for engine in engines.values():  # warm-up: allocator, thread pools, packed weights
+        engine.generate(prompts, warm)
+    run_hf(2)
+    engine_s = dict.fromkeys(backends, float("inf"))
+    hf_s = float("inf")
     for _ in range(args.repeats):  # interleaved, best of: the CPU may be shared
-        engine_s = min(engine_s, _timed(lambda: engine.generate(prompts, params)))
+        for b, engine in engines.items():
+            engine_s[b] = min(engine_s[b], _timed(lambda e=engine: e.generate(prompts, params)))
         hf_s = min(hf_s, _timed(lambda: run_hf(args.new_tokens)))
     tokens = args.batch * args.new_tokens
+    main_s = engine_s[args.linear_backend]
     result = {
-        "engine_tok_s": tokens / engine_s,
+        "engine_tok_s": tokens / main_s,
         "hf_tok_s": tokens / hf_s,
-        "ratio": hf_s / engine_s,
+        "ratio": hf_s / main_s,
+        "linear_backend": args.linear_backend,
+        "engine_tok_s_by_linear_backend": {b: tokens / t for b, t in engine_s.items()},
     }
     print(
         f"\nengine vs HF generate: {args.model} {args.dtype}, batch {args.batch}, prompt "
         f"{args.prompt_tokens}, {args.new_tokens} new tokens, {torch.get_num_threads()} threads"
     )
-    print(f"  engine  {result['engine_tok_s']:9.1f} tok/s  ({engine_s:.2f} s)")
-    print(f"  HF      {result['hf_tok_s']:9.1f} tok/s  ({hf_s:.2f} s)")
-    print(f"  ratio   {result['ratio']:9.2f}x")
+    for b, t in engine_s.items():
+        print(f"  engine ({b} GEMMs) {tokens / t:9.1f} tok/s  ({t:.2f} s)  {hf_s / t:5.2f}x HF")
+    print(f"  HF generate        {tokens / hf_s:9.1f} tok/s  ({hf_s:.2f} s)")
     return result
 
 
@@ -109,7 +121,7 @@ def sparse_vs_dense(lm, args) -> dict:
     ps = args.page_size
     budget_pages = args.budget_tokens // ps
     pages = -(-len(prompt) // ps) + args.sparse_batch * (-(-args.sparse_new_tokens // ps) + 1) + 8
-    cfg = _engine_config(args, pages, max_batch_size=args.sparse_batch)
+    cfg = _engine_config(args, pages, args.sparse_batch, args.linear_backend)
     engine = LLMEngine(lm.model, lm.tokenizer, cfg)
     params = SamplingParams(temperature=1.0, max_tokens=args.sparse_new_tokens, ignore_eos=True)
     sparse_schedule = lambda context_tokens: budget_pages  # noqa: E731
@@ -173,13 +185,14 @@ def long_prompt(tokenizer, num_tokens: int, seed: int) -> list[int]:
     return list(ids["input_ids"])
 
 
-def _engine_config(args, num_pages: int, max_batch_size: int) -> EngineConfig:
+def _engine_config(args, num_pages: int, max_batch_size: int, linear: str) -> EngineConfig:
     return EngineConfig(
         page_size=args.page_size,
         num_pages=num_pages,
         max_batch_size=max_batch_size,
         score=args.score,
         dtype=args.dtype,
+        linear_backend=linear,
         seed=args.seed,
     )
 
@@ -203,6 +216,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-tokens", type=int, default=512, help="sparse budget (tokens)")
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument(
+        "--linear-backend",
+        default="onednn",
+        choices=["torch", "onednn"],
+        help="engine GEMMs reported in the JSON (the table shows torch as well)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="timed runs; the best is kept")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)

@@ -19,6 +19,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sparrow.rollout.block_manager import BlockManager
+from sparrow.rollout.linear import Linear
 from sparrow.rollout.model_runner import ModelRunner
 from sparrow.rollout.outputs import GenerateStats, GenerationOutput, TokenRecords
 from sparrow.rollout.paged_attention import SparseAttentionConfig
@@ -42,6 +43,7 @@ class EngineConfig:
     topk_logprobs: int = 20  # K of the recorded top-K log-probs
     backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton"
     dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
+    linear_backend: str = "torch"  # GEMMs: "torch" (as HF) | "onednn" (CPU fp32, packed, faster)
     seed: int = 0  # sampler seed; each generate call reseeds with seed + call index
 
 
@@ -68,7 +70,8 @@ class LLMEngine:
             num_recent=cfg.num_recent,
             backend=cfg.backend,
         )
-        self.runner = ModelRunner(model, attn, cfg.num_pages, getattr(torch, cfg.dtype))
+        linear = Linear(cfg.linear_backend, batch_hint=min(cfg.max_batch_size, 64))
+        self.runner = ModelRunner(model, attn, cfg.num_pages, getattr(torch, cfg.dtype), linear)
         self.sampler = Sampler(cfg.topk_logprobs, cfg.seed, self.runner.device)
         self.schedule = schedule
         self.eos_token_ids = _eos_ids(model, tokenizer)

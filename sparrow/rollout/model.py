@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sparrow.rollout.linear import Linear
 from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
 from sparrow.rollout.rope import Rope, apply_rope, rope_from_config
 
@@ -85,8 +86,16 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 class DecoderModel:
-    def __init__(self, config, state_dict: Mapping[str, Tensor], dtype: torch.dtype, device):
+    def __init__(
+        self,
+        config,
+        state_dict: Mapping[str, Tensor],
+        dtype: torch.dtype,
+        device,
+        linear: Linear | None = None,
+    ):
         s = self.shape = ModelShape.from_config(config)
+        self.linear = linear or Linear("torch", batch_hint=1)
         self.rope: Rope = rope_from_config(config, s.head_dim)
         self.rope.inv_freq = self.rope.inv_freq.to(device)
         self.dtype = dtype
@@ -172,7 +181,14 @@ class DecoderModel:
                 raise ValueError(f"{raw_name}: shape {tuple(tensor.shape)} != {tuple(expected)}")
             target.copy_(tensor.expand_as(target))
             loaded.add(name)
+        self.linear.repack(self._matrices())
         return loaded
+
+    def _matrices(self) -> list[Tensor]:
+        mats = [self.lm_head]
+        for w in self.layers:
+            mats += [w.qkv, w.o, w.gate_up, w.down]
+        return mats
 
     def prefill(
         self,
@@ -225,19 +241,19 @@ class DecoderModel:
         x = F.embedding(input_ids, self.embed)  # (N, hidden)
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, s.rms_eps)
-            qkv = F.linear(h, w.qkv, w.qkv_bias).view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
+            qkv = self.linear(h, w.qkv, w.qkv_bias).view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
             qk, v = qkv[:, :num_qk_heads], qkv[:, num_qk_heads:]  # (N, H_q + H_kv, D), (N, H_kv, D)
             if w.qk_norm is not None:
                 qk = rms_norm(qk, w.qk_norm, s.rms_eps)
             qk = apply_rope(qk, cos, sin)  # q and k heads rotated together
             q, k = qk[:, : s.num_q_heads], qk[:, s.num_q_heads :]  # (N, H_q, D), (N, H_kv, D)
             o = attend(i, q, k, v)  # (N, H_q, D)
-            x = x + F.linear(o.reshape(n, -1), w.o, w.o_bias)
+            x = x + self.linear(o.reshape(n, -1), w.o, w.o_bias)
             h = rms_norm(x, w.post_norm, s.rms_eps)
-            gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)  # (N, I) each
-            x = x + F.linear(F.silu(gate) * up, w.down)
+            gate, up = self.linear(h, w.gate_up).chunk(2, dim=-1)  # (N, I) each
+            x = x + self.linear(F.silu(gate) * up, w.down)
         return x
 
     def _logits(self, hidden: Tensor) -> Tensor:
         hidden = rms_norm(hidden, self.final_norm, self.shape.rms_eps)
-        return F.linear(hidden, self.lm_head).float()  # (B, V)
+        return self.linear(hidden, self.lm_head).float()  # (B, V)

@@ -11,6 +11,7 @@ budgets (None: dense). Run under torch.inference_mode.
 import torch
 from torch import Tensor
 
+from sparrow.rollout.linear import Linear
 from sparrow.rollout.model import DecoderModel
 from sparrow.rollout.paged_attention import (
     DecodeMetadata,
@@ -22,9 +23,17 @@ from sparrow.rollout.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, hf_model, attn: SparseAttentionConfig, num_pages: int, dtype: torch.dtype):
+    def __init__(
+        self,
+        hf_model,
+        attn: SparseAttentionConfig,
+        num_pages: int,
+        dtype: torch.dtype,
+        linear: Linear,
+    ):
         self.device = next(hf_model.parameters()).device
-        self.model = DecoderModel(hf_model.config, hf_model.state_dict(), dtype, self.device)
+        state = hf_model.state_dict()
+        self.model = DecoderModel(hf_model.config, state, dtype, self.device, linear)
         shape = self.model.shape
         self.page_size = attn.page_size
         self.kv = PagedKVCache(

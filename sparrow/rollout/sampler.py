@@ -39,7 +39,7 @@ class Sampler:
     ) -> SamplerOutput:
         """logits (B, V) fp32 -> one token per row."""
         greedy = temperature == 0.0
-        scaled = logits if greedy else logits / temperature  # (B, V)
+        scaled = logits if greedy or temperature == 1.0 else logits / temperature  # (B, V)
         logprobs_full = torch.log_softmax(scaled, dim=-1)  # (B, V)
         topk = logprobs_full.topk(self.topk_logprobs, dim=-1)  # (B, K)
         if greedy:

@@ -24,12 +24,14 @@ def max_diff_vs_hf(engine, model, prompts, completions):
     )
 
 
+@pytest.mark.parametrize("linear_backend", ["torch", "onednn"])
 @pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_llama"])
-def test_teacher_forced_logits_match_transformers(family, request):
+def test_teacher_forced_logits_match_transformers(family, linear_backend, request):
     lm = request.getfixturevalue(family)
     vocab = lm.model.config.vocab_size
     # page_size 4: prompts end mid-page and on a page boundary, decode crosses several pages.
-    engine = LLMEngine(lm.model, lm.tokenizer, EngineConfig(page_size=4, num_pages=64))
+    cfg = EngineConfig(page_size=4, num_pages=64, linear_backend=linear_backend)
+    engine = LLMEngine(lm.model, lm.tokenizer, cfg)
     prompts = random_prompts(vocab, [5, 12, 1], seed=1)
     completions = random_prompts(vocab, [23, 9, 14], seed=2)
     assert max_diff_vs_hf(engine, lm.model, prompts, completions) <= 1e-4
@@ -63,9 +65,11 @@ def test_unsupported_rope_type_is_refused(tiny_llama):
         rope_from_config(config, 16)
 
 
-def test_update_weights_in_place_matches_the_new_model(tiny_qwen3):
+@pytest.mark.parametrize("linear_backend", ["torch", "onednn"])
+def test_update_weights_in_place_matches_the_new_model(tiny_qwen3, linear_backend):
     vocab = tiny_qwen3.model.config.vocab_size
-    engine = LLMEngine(tiny_qwen3.model, tiny_qwen3.tokenizer, EngineConfig(page_size=4))
+    cfg = EngineConfig(page_size=4, linear_backend=linear_backend)
+    engine = LLMEngine(tiny_qwen3.model, tiny_qwen3.tokenizer, cfg)
     cache_ptr = engine.runner.kv.k.data_ptr()
     other = random_model(tiny_model_config("qwen3", vocab_size=vocab), seed=7)
     prompts, completions = random_prompts(vocab, [7], seed=8), random_prompts(vocab, [6], seed=9)
@@ -79,6 +83,9 @@ def test_update_weights_in_place_matches_the_new_model(tiny_qwen3):
     name = "model.layers.0.mlp.down_proj.weight"
     engine.update_weights({name: torch.zeros_like(other.state_dict()[name])})
     assert engine.runner.model.layers[0].down.abs().max() == 0
+    assert not torch.allclose(
+        engine.score(prompts, completions)[0], hf_logits(other, *prompts, *completions)
+    )
     with pytest.raises(KeyError, match="merge LoRA"):
         engine.update_weights({"model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(1)})
 
@@ -98,3 +105,9 @@ def test_bfloat16_engine_tracks_fp32(tiny_llama):
     got = engine.score(prompts, completions)[0]
     ref = hf_logits(tiny_llama.model, prompts[0], completions[0])
     assert (got - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_onednn_linear_backend_needs_float32(tiny_llama):
+    cfg = EngineConfig(dtype="bfloat16", linear_backend="onednn")
+    with pytest.raises(ValueError, match="float32"):
+        LLMEngine(tiny_llama.model, tiny_llama.tokenizer, cfg)

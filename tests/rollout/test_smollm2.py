@@ -26,9 +26,13 @@ def chat_prompt(tokenizer, text):
     return list(ids["input_ids"])
 
 
-def test_teacher_forced_logits_and_dense_acceptance_match_transformers(smollm2):
+# "onednn" GEMMs (pre-packed weights, the CPU throughput mode) reassociate fp32 sums: ~1e-4.
+@pytest.mark.parametrize("linear_backend, tolerance", [("torch", 1e-4), ("onednn", 2e-4)])
+def test_teacher_forced_logits_and_dense_acceptance_match_transformers(
+    smollm2, linear_backend, tolerance
+):
     model, tok = smollm2.model, smollm2.tokenizer
-    engine = LLMEngine(model, tok, EngineConfig(num_pages=128))
+    engine = LLMEngine(model, tok, EngineConfig(num_pages=128, linear_backend=linear_backend))
     prompt = chat_prompt(tok, "Explain why the sky is blue.")
     params = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
     outs = engine.generate([prompt], params, n=4)
@@ -44,12 +48,13 @@ def test_teacher_forced_logits_and_dense_acceptance_match_transformers(smollm2):
     token_logprobs = p.gather(2, torch.tensor(completions)[..., None])[..., 0]  # (4, 64)
     recorded = torch.stack([o.logprobs for o in outs])
     print(
-        f"\nSmolLM2 dense engine vs HF fp32: max |logit diff| {max_diff:.2e}; acceptance over "
+        f"\nSmolLM2 dense engine ({linear_backend} GEMMs) vs HF fp32: max |logit diff| "
+        f"{max_diff:.2e}; acceptance over "
         f"{acceptance.numel()} tokens: p5 {p5:.6f} mean {acceptance.mean():.6f} "
         f"min {acceptance.min():.6f}; recorded log-prob max diff "
         f"{(recorded - token_logprobs).abs().max():.2e}"
     )
-    assert max_diff <= 1e-4
+    assert max_diff <= tolerance
     assert p5 >= 0.999
     assert torch.allclose(recorded, token_logprobs, atol=1e-4)
 
