@@ -1,0 +1,92 @@
+"""sparrow-train end to end on the tiny model: config errors, the smoke preset, SIGKILL + resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train(*overrides, **kwargs):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
+    cmd = [sys.executable, "-m", "sparrow.cli.train", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, **kwargs)
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss/loss"] for r in rows}
+
+
+def test_print_composed_config():
+    out = _train("preset=tiny", "--cfg", "job", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "name: tiny-qwen3" in out.stdout and "steps: 2" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("rl.nonexistent=1", "Key 'nonexistent' not in 'RLConfig'"),
+        ("rl.steps=abc", "rl.steps=abc"),
+        ("model=nope", "Could not find 'model/nope'"),
+    ],
+)
+def test_bad_override_is_one_line_error(override, expected):
+    out = _train(override, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], out.stderr
+
+
+def test_smoke_preset_two_steps_end_to_end(tmp_path):
+    start = time.monotonic()
+    out = _train("preset=smoke", f"run_dir={tmp_path}", timeout=300)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert elapsed < 120, f"smoke run took {elapsed:.0f} s"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in ("reward/mean", "loss/loss", "accept/p5_min", "kv_read_ratio", "eval/accuracy"):
+            assert isinstance(row[key], float), (key, row.get(key))
+        assert row["rollout/tokens"] > 0
+    assert (tmp_path / "checkpoints" / "step_000002" / "COMPLETE").is_file()
+    assert (tmp_path / "policy" / "config.json").is_file()
+    assert "step 2/2" in out.stdout
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
+    common = ["preset=tiny", "rl.steps=4", "rl.save_every=2", "rl.eval.every=0"]
+    straight = tmp_path / "straight"
+    out = _train(*common, f"run_dir={straight}", timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparrow.cli.train", *common, f"run_dir={killed}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    marker = killed / "checkpoints" / "step_000002" / "COMPLETE"
+    deadline = time.monotonic() + 600
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the first checkpoint never appeared"
+    time.sleep(1.0)  # into step 3: the step in flight is what the kill may lose
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    out = _train(*common, f"run_dir={killed}", "resume=auto", timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in out.stdout
+    expected, got = _losses(straight), _losses(killed)
+    for step in (3, 4):
+        assert got[step] == expected[step], (step, got[step], expected[step])
