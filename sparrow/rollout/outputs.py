@@ -48,18 +48,33 @@ class GenerateStats:
 
 
 class TokenRecords:
-    """(num_seqs, max_tokens, ...) buffers filled one decode step at a time."""
+    """(num_seqs, capacity, ...) buffers filled one step at a time. The token axis starts small
+    and doubles when a sequence outgrows it (up to max_tokens), so memory follows the longest
+    completion so far rather than max_tokens (32K-token caps with a few hundred sequences)."""
 
     def __init__(self, num_seqs: int, max_tokens: int, topk: int, device: torch.device):
-        shape = (num_seqs, max_tokens)
-        self.logprobs = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.sampling_logprobs = torch.zeros(shape, dtype=torch.float32, device=device)
-        # int32 halves the largest buffer; ids are widened to int64 on output.
-        self.topk_ids = torch.zeros((*shape, topk), dtype=torch.int32, device=device)
-        self.topk_logprobs = torch.zeros((*shape, topk), dtype=torch.float32, device=device)
-        self.budget_pages = torch.zeros(shape, dtype=torch.int32)
-        self.context_lens = torch.zeros(shape, dtype=torch.int32)
+        self.max_tokens = max_tokens
         self.device = device
+        self.capacity = 0
+        self._specs = {  # name -> (dtype, device, trailing shape)
+            "logprobs": (torch.float32, device, ()),
+            "sampling_logprobs": (torch.float32, device, ()),
+            # int32 halves the largest buffer; ids are widened to int64 on output.
+            "topk_ids": (torch.int32, device, (topk,)),
+            "topk_logprobs": (torch.float32, device, (topk,)),
+            "budget_pages": (torch.int32, torch.device("cpu"), ()),
+            "context_lens": (torch.int32, torch.device("cpu"), ()),
+        }
+        self.num_seqs = num_seqs
+        self._grow(min(max_tokens, 256))
+
+    def _grow(self, capacity: int) -> None:
+        for name, (dtype, device, tail) in self._specs.items():
+            buf = torch.zeros((self.num_seqs, capacity, *tail), dtype=dtype, device=device)
+            if self.capacity:
+                buf[:, : self.capacity] = getattr(self, name)
+            setattr(self, name, buf)
+        self.capacity = capacity
 
     def write(
         self,
@@ -69,6 +84,8 @@ class TokenRecords:
         budget_pages: list[int],
         context_lens: list[int],
     ) -> None:
+        if max(positions) >= self.capacity:
+            self._grow(min(self.max_tokens, 2 * self.capacity))
         rows = torch.tensor(seq_ids, device=self.device)  # (B,)
         cols = torch.tensor(positions, device=self.device)  # (B,)
         self.logprobs[rows, cols] = sampled.logprobs
