@@ -1,0 +1,14 @@
+"""sparrow's inference engine for RL rollouts (nano-vllm's split by noun).
+
+    sequence.py       per-request state              (torch-free)
+    block_manager.py  KV page pool, ref counts       (torch-free)
+    scheduler.py      queues, batches, preemption    (torch-free)
+    rope.py, model.py, linear.py   Llama/Qwen3 forward on the engine's copy of HF weights
+    paged_attention.py             paged KV cache, dense/sparse decode attention
+    model_runner.py   sequences -> tensors -> logits
+    sampler.py        temperature / top-k / top-p, log-probs, top-K
+    outputs.py        GenerationOutput, per-token records, GenerateStats
+    engine.py         LLMEngine, EngineConfig, SamplingParams: the step loop
+
+Nothing is imported here, so the scheduling modules stay importable without torch.
+"""

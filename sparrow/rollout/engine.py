@@ -24,7 +24,7 @@ from sparrow.rollout.model_runner import ModelRunner
 from sparrow.rollout.outputs import GenerateStats, GenerationOutput, TokenRecords
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 from sparrow.rollout.sampler import Sampler
-from sparrow.rollout.scheduler import PrefillBatch, Scheduler
+from sparrow.rollout.scheduler import DecodeBatch, PrefillBatch, Scheduler
 from sparrow.rollout.sequence import Sequence
 
 Schedule = Callable[[int], int | None]  # context length in tokens -> budget in pages (None: dense)
@@ -115,20 +115,7 @@ class LLMEngine:
         while not scheduler.is_finished():
             start = time.perf_counter()
             batch = scheduler.schedule()
-            if isinstance(batch, PrefillBatch):
-                step_seqs = [s for g in batch.groups for s in g]
-                rows = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g])
-                logits = self.runner.prefill(batch.groups, tracked)[rows.to(self.runner.device)]
-                budgets = [self._pages(s.num_tokens) for s in step_seqs]  # prefill is dense
-            else:
-                step_seqs = batch.seqs
-                step_budgets = self._budgets(step_seqs)
-                logits = self.runner.decode(step_seqs, step_budgets, tracked)
-                budgets = step_budgets or [self._pages(s.num_tokens) for s in step_seqs]
-                budgets = [
-                    min(b, self._pages(s.num_tokens))
-                    for b, s in zip(budgets, step_seqs, strict=True)
-                ]
+            step_seqs, logits, budgets = self._forward(batch, tracked)
             sampled = self.sampler(logits, params.temperature, params.top_p, params.top_k)
             records.write(
                 [s.seq_id for s in step_seqs],
@@ -143,14 +130,7 @@ class LLMEngine:
                 if reason is not None:
                     scheduler.finish(seq, reason)
                     bar.update(1)
-            elapsed = time.perf_counter() - start
-            if isinstance(batch, PrefillBatch):
-                stats.prefill_s += elapsed
-                # num_tokens - 1: the token sampled by this step is already appended.
-                stats.prefill_tokens += sum(g[0].num_tokens - 1 for g in batch.groups)
-            else:
-                stats.decode_s += elapsed
-                stats.decode_tokens += len(step_seqs)
+            stats.add_step(batch, time.perf_counter() - start)
             bar.set_postfix(decode_tok_s=f"{stats.decode_tok_s:.1f}", refresh=False)
         bar.close()
         stats.num_preemptions = scheduler.num_preemptions
@@ -195,6 +175,23 @@ class LLMEngine:
             for seq, row in zip(step, rows, strict=True):
                 logits[seq.seq_id].append(row)
         return [torch.stack(rows)[: len(c)] for rows, c in zip(logits, completions, strict=True)]
+
+    def _forward(
+        self, batch: PrefillBatch | DecodeBatch, tracked: bool
+    ) -> tuple[list[Sequence], Tensor, list[int]]:
+        """Logits (B, V) for the batch's sequences, and the pages each one's token reads."""
+        if isinstance(batch, PrefillBatch):
+            seqs = [s for g in batch.groups for s in g]
+            rows = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g])
+            logits = self.runner.prefill(batch.groups, tracked)[rows.to(self.runner.device)]
+            return seqs, logits, [self._pages(s.num_tokens) for s in seqs]  # prefill is dense
+        seqs = batch.seqs
+        budgets = self._budgets(seqs)
+        logits = self.runner.decode(seqs, budgets, tracked)
+        pages = [self._pages(s.num_tokens) for s in seqs]
+        if budgets is None:
+            return seqs, logits, pages
+        return seqs, logits, [min(b, p) for b, p in zip(budgets, pages, strict=True)]
 
     def _new_scheduler(self) -> Scheduler:
         bm = BlockManager(self.cfg.num_pages, self.cfg.page_size)

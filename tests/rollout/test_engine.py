@@ -41,7 +41,10 @@ def test_samples_share_prompt_pages_instead_of_copying_them(lively_llama):
     engine = make_engine(lively_llama, num_pages=24)
     prompts = random_prompts(engine.runner.model.shape.vocab_size, [40])
     engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), n=4)
-    assert engine.last_stats.num_preemptions == 0
+    stats = engine.last_stats
+    assert stats.num_preemptions == 0
+    assert stats.prefill_tokens == 40  # the shared prompt ran through the model once
+    assert stats.decode_tokens == 4 * 7 and stats.decode_s > 0
 
 
 def test_small_pool_preempts_and_gives_the_same_greedy_outputs(lively_llama):
