@@ -8,6 +8,10 @@ sampler draws one token per sequence, and finished sequences (EOS, a stop token 
 tokens) release their pages. Decode attention is block-sparse with a per-sequence budget from
 `schedule(context_tokens) -> pages` (None, or a None budget: dense). `score` teacher-forces given
 completions through the same paths, to compare the engine's policy with another one.
+
+A preempted sequence is rebuilt by a dense prefill over its prompt + generated tokens, so its
+later tokens attend to densely computed K/V of its earlier ones; the recorded log-probs are
+always those of the distribution each token was actually drawn from.
 """
 
 import time
