@@ -54,6 +54,8 @@ class GRPOTrainer:
         torch.manual_seed(cfg.seed)
         loaded = load_model(cfg.model)
         self.tokenizer = loaded.tokenizer
+        # The engine copies the weights it needs (synced from the actor after every update).
+        self.engine = LLMEngine(loaded.model, self.tokenizer, cfg.rollout.engine)
         self.actor = DenseActor(loaded.model, cfg.deepspeed)
         self.rank, self.world = self.actor.rank, self.actor.world_size
         self.run_dir = Path(cfg.run_dir)
@@ -70,8 +72,6 @@ class GRPOTrainer:
         )
 
         self.controller = make_controller(cfg.schedule, cfg.controller)
-        engine_model = load_model(cfg.model).model  # the engine owns a copy; synced each step
-        self.engine = LLMEngine(engine_model, self.tokenizer, cfg.rollout.engine)
         self._push_schedule()
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature,
