@@ -2,10 +2,12 @@
 
 One query token per sequence attends to the selected pages of its KV head. Vectorised over the
 batch: one index_select gathers exactly the selected pages' tokens (so the cost scales with the
-budget, not the context), then one batched matmul, a masked fp32 softmax and a second matmul.
+budget, not the context) straight into the (B, H_kv, tokens, D) layout SDPA wants, then one fp32
+torch SDPA call with a boolean mask for positions past seq_len and padding slots.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .selection import SelectedPages
@@ -47,21 +49,19 @@ def paged_decode_torch(
     rows = (phys[..., None] * page_size + offsets) * num_kv_heads + heads  # (B, H_kv, S, PAGE_SIZE)
     position = logical[..., None] * page_size + offsets  # (B, H_kv, S, PAGE_SIZE)
     token_valid = slot_valid[..., None] & (position < seq_lens.long()[:, None, None, None])
-    # Slots past seq_len may hold garbage (even NaN, which would survive a -inf mask through the
-    # matmuls): read the row's first token there instead, which is always valid, and mask it.
+    # Slots past seq_len may hold garbage, even NaN, which a masked SDPA still multiplies by its
+    # zero probability (NaN): read the row's first token there instead (always valid) and mask it.
+    # Cheaper than a torch.where pass over the gathered K/V.
     rows = torch.where(token_valid, rows, rows[:, :, :1, :1]).reshape(-1)
     num_tokens = num_slots * page_size
     keys = k_cache.reshape(-1, head_dim).index_select(0, rows).float()
     values = v_cache.reshape(-1, head_dim).index_select(0, rows).float()
     keys = keys.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
     values = values.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
+    mask = token_valid.view(batch, num_kv_heads, 1, num_tokens)  # (B, H_kv, 1, S*PAGE_SIZE)
 
-    bias = torch.zeros(token_valid.shape, dtype=torch.float32, device=device)
-    bias.masked_fill_(~token_valid, float("-inf"))
-    bias = bias.view(batch, num_kv_heads, 1, num_tokens)  # (B, H_kv, 1, S*PAGE_SIZE)
-
+    # The group's G query heads are SDPA's query rows against their KV head's keys: GQA without
+    # repeating K/V. The fused SDPA kernel is several times faster than matmul + softmax + matmul.
     q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
-    logits = torch.matmul(q_groups, keys.transpose(-1, -2)) * scale + bias  # (B, H_kv, G, T)
-    probs = torch.softmax(logits, dim=-1)  # (B, H_kv, G, T)
-    out = torch.matmul(probs, values)  # (B, H_kv, G, D)
-    return out.view(batch, num_q_heads, head_dim).to(q.dtype)
+    out = F.scaled_dot_product_attention(q_groups, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)  # (B, H_q, D)
