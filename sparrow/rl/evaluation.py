@@ -29,8 +29,11 @@ def evaluate(
     prompts: Sequence[Prompt],
     params: SamplingParams,
     sum_over_ranks: Callable[[float], float] = float,
-) -> dict[str, float]:
-    """One sample per held-out prompt; accuracy = mean reward (rewards are 0/1 here)."""
+) -> tuple[dict[str, float], list[float]]:
+    """One sample per held-out prompt; accuracy = mean reward (rewards are 0/1 here).
+
+    Returns the metrics and this rank's per-prompt scores (for paired comparisons).
+    """
     if prompts:
         outputs = engine.generate([p.token_ids for p in prompts], params, n=1)
         scores = score_batch(
@@ -39,9 +42,10 @@ def evaluate(
             [o.text for o in outputs],
             [p.answer for p in prompts],
         ).scores
+        per_prompt = scores.tolist()
         correct, lengths = float(scores.sum()), float(sum(len(o.token_ids) for o in outputs))
     else:
-        correct, lengths = 0.0, 0.0
+        per_prompt, correct, lengths = [], 0.0, 0.0
     n = sum_over_ranks(len(prompts))
     correct = sum_over_ranks(correct)
     lengths = sum_over_ranks(lengths)
@@ -54,4 +58,18 @@ def evaluate(
         "eval/accuracy_ci95": (hi - lo) / 2,
         "eval/n": n,
         "eval/len_mean": lengths / max(n, 1.0),
-    }
+    }, per_prompt
+
+
+def paired_difference(after: list[float], before: list[float], z: float = 1.96) -> dict:
+    """Mean of after - before over the same prompts, with a normal-approximation 95% CI."""
+    if len(after) != len(before) or not after:
+        raise ValueError(
+            f"paired difference needs equal, non-empty lists ({len(after)}, {len(before)})"
+        )
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / max(n - 1, 1)
+    half = z * math.sqrt(var / n)
+    return {"eval/delta": mean, "eval/delta_lo95": mean - half, "eval/delta_hi95": mean + half}

@@ -33,7 +33,7 @@ from sparrow.rl.actor import DenseActor, split_micro_batches
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.checkpoint import CheckpointManager
 from sparrow.rl.data import PromptIterator, load_prompts
-from sparrow.rl.evaluation import evaluate
+from sparrow.rl.evaluation import evaluate, paired_difference
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rl.metrics_logger import MetricsLogger
 from sparrow.rl.rewards import build_reward, score_batch
@@ -88,6 +88,7 @@ class GRPOTrainer:
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
         self.step = 0
         self.nonfinite_streak = 0
+        self._first_eval: list[float] | None = None  # per-prompt scores at the first evaluation
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -143,8 +144,10 @@ class GRPOTrainer:
 
         # GRPO groups never span ranks (a rank rolls out whole groups), so advantages are local.
         advantages = self.advantage_fn(scores.scores, batch.group_ids)  # (B,)
+        # Both policies at the rollout temperature, so ratios, TIS and acceptance compare alike.
+        temperature = cfg.rollout.temperature
         dense = self.actor.compute_logprobs(
-            batch.input_ids, batch.attention_mask, topk=cfg.monitor.top_k
+            batch.input_ids, batch.attention_mask, topk=cfg.monitor.top_k, temperature=temperature
         )
         t_logprobs = time.perf_counter()
         accept_metrics = self._monitor_and_control(batch, dense)
@@ -175,7 +178,7 @@ class GRPOTrainer:
             return loss, metrics
 
         update = self.actor.train_step(
-            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size), loss_fn
+            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size), loss_fn, temperature
         )
         update |= {k: self._global_extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
         self._check_nonfinite(update)
@@ -265,16 +268,33 @@ class GRPOTrainer:
         params = SamplingParams(temperature=ecfg.temperature, max_tokens=ecfg.max_new_tokens)
         # The dense policy is what is trained and scored: evaluate without sparsity.
         self.engine.set_schedule(None)
-        result = evaluate(self.engine, self.reward, prompts, params, self._global_sum)
+        result, correct = evaluate(self.engine, self.reward, prompts, params, self._global_sum)
         self._push_schedule()
+        result |= self._paired_delta(correct)
         if self.rank == 0:
             print(
                 f"eval step {self.step}: accuracy {result['eval/accuracy']:.3f} "
-                f"± {result['eval/accuracy_ci95']:.3f} (n={int(result['eval/n'])}), "
-                f"mean length {result['eval/len_mean']:.1f}",
+                f"(95% CI {result['eval/accuracy_lo95']:.3f}-{result['eval/accuracy_hi95']:.3f}, "
+                f"n={int(result['eval/n'])}), mean length {result['eval/len_mean']:.1f}"
+                + (
+                    f"; vs first eval {result['eval/delta']:+.3f} "
+                    f"(95% CI {result['eval/delta_lo95']:+.3f} to {result['eval/delta_hi95']:+.3f})"
+                    if "eval/delta" in result
+                    else ""
+                ),
                 flush=True,
             )
         return result
+
+    def _paired_delta(self, correct: list[float]) -> dict:
+        """Accuracy now minus at the first evaluation, on the same prompts, with a paired 95% CI.
+
+        Rank-local prompts (one rank's share); with several ranks it is that rank's estimate.
+        """
+        if self._first_eval is None:
+            self._first_eval = correct
+            return {}
+        return paired_difference(correct, self._first_eval)
 
     def _check_nonfinite(self, update: dict) -> None:
         if update.get("skipped", 0.0) > 0:
@@ -297,6 +317,7 @@ class GRPOTrainer:
             "controller": None if self.controller is None else self.controller.state_dict(),
             "engine_generate_calls": self.engine.num_generate_calls,
             "nonfinite_streak": self.nonfinite_streak,
+            "first_eval": self._first_eval,
         }
 
     def save(self) -> Path:
@@ -317,6 +338,7 @@ class GRPOTrainer:
             self.controller.load_state_dict(state["controller"])
         self.engine.num_generate_calls = state["engine_generate_calls"]
         self.nonfinite_streak = state["nonfinite_streak"]
+        self._first_eval = state.get("first_eval")
         self.step = loaded.step
         self.engine.update_weights(self.actor.gathered_state_dict())
         self._push_schedule()
