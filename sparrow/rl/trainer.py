@@ -23,7 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sparrow.acceptance import AcceptanceMonitor, flatten_completion, topk_acceptance_bound
+from sparrow.acceptance import (
+    AcceptanceMonitor,
+    bin_acceptance,
+    flatten_completion,
+    topk_acceptance_bound,
+)
 from sparrow.batch import RolloutBatch, collate_rollouts
 from sparrow.config import SparrowConfig
 from sparrow.controller import make_controller
@@ -34,6 +39,7 @@ from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.checkpoint import CheckpointManager
 from sparrow.rl.data import PromptIterator, load_prompts
 from sparrow.rl.evaluation import evaluate, paired_difference
+from sparrow.rl.exact_acceptance import exact_batch_acceptance
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rl.metrics_logger import MetricsLogger
 from sparrow.rl.rewards import build_reward, score_batch
@@ -204,29 +210,33 @@ class GRPOTrainer:
     # ---- pieces -----------------------------------------------------------------------------
 
     def _monitor_and_control(self, batch: RolloutBatch, dense) -> dict:
-        """Per-token acceptance (top-K bound) pooled over ranks, per-bin stats, controller."""
+        """Per-token acceptance pooled over ranks, per-bin stats, then the controller.
+
+        The controller reads the exact full-vocabulary acceptance when `monitor.exact` is on
+        (a second, teacher-forced decode pass), else the paper's top-K bound; the bound is
+        always logged beside it (`accept_topk/...`).
+        """
         mask = batch.completion_mask
-        accept = topk_acceptance_bound(
+        bound = torch.zeros(mask.shape)  # (B, T)
+        bound[mask] = topk_acceptance_bound(
             batch.topk_ids[mask],
             batch.topk_logprobs[mask],
             dense.topk_ids[mask],
             dense.topk_logprobs[mask],
-        )  # (N,)
-        _, positions = flatten_completion(batch.budget_pages, mask)
-        accept, positions = self._gather_tokens(accept, positions)
-        self.monitor.reset()
-        self.monitor.update(accept, positions)
+        )
+        metrics = self._bin_metrics("accept_topk", bound, mask)
+        if self.cfg.monitor.exact:
+            exact = exact_batch_acceptance(
+                self.engine,
+                self.actor.model,
+                batch,
+                self.cfg.rollout.temperature,
+                self.cfg.deepspeed.micro_batch_size,
+            )
+            metrics |= self._bin_metrics("accept", exact, mask, feed_monitor=True)
+        else:
+            metrics |= self._bin_metrics("accept", bound, mask, feed_monitor=True)
         stats = self.monitor.summary()
-        metrics = {"accept/mean": float(accept.mean()) if len(accept) else math.nan}
-        for s in stats:
-            metrics |= {
-                f"accept/{name}/bin{s.bin_index}": getattr(s, name)
-                for name in ("mean", "p1", "p5", "p50")
-            }
-            metrics[f"accept/count/bin{s.bin_index}"] = s.count
-        if stats:
-            metrics["accept/p5_min"] = min(s.p5 for s in stats)
-        self.logger.log_histogram(self.step + 1, "accept/histogram", accept.tolist())
 
         metrics |= self._kv_read_metrics(batch)
         if self.controller is not None:
@@ -242,6 +252,26 @@ class GRPOTrainer:
             metrics["speedup/predicted"] = predicted_speedup(
                 self.shape, prompt_tokens, output_tokens, len(batch), schedule, cost_cfg
             )
+        return metrics
+
+    def _bin_metrics(self, name: str, accept, mask, feed_monitor: bool = False) -> dict:
+        """Mean, p1/p5/p50 per position bin of a (B, T) acceptance over completion tokens."""
+        values, positions = flatten_completion(accept, mask)
+        values, positions = self._gather_tokens(values, positions)
+        if feed_monitor:
+            self.monitor.reset()
+            self.monitor.update(values, positions)
+            stats = self.monitor.summary()
+            self.logger.log_histogram(self.step + 1, f"{name}/histogram", values.tolist())
+        else:
+            stats = bin_acceptance(values, positions, self.cfg.monitor.bin_tokens)
+        metrics = {f"{name}/mean": float(values.mean()) if len(values) else math.nan}
+        for s in stats:
+            for stat in ("mean", "p1", "p5", "p50"):
+                metrics[f"{name}/{stat}/bin{s.bin_index}"] = getattr(s, stat)
+            metrics[f"{name}/count/bin{s.bin_index}"] = s.count
+        if stats:
+            metrics[f"{name}/p5_min"] = min(s.p5 for s in stats)
         return metrics
 
     def _kv_read_metrics(self, batch: RolloutBatch) -> dict:
