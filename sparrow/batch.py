@@ -32,6 +32,16 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def select(self, rows: Tensor) -> "RolloutBatch":
+        """The samples at `rows` (B',) int64, in that order."""
+        picked = {
+            f.name: getattr(self, f.name)[rows]
+            if isinstance(getattr(self, f.name), Tensor)
+            else [getattr(self, f.name)[i] for i in rows.tolist()]
+            for f in fields(self)
+        }
+        return RolloutBatch(**picked)
+
     def to(self, device: torch.device | str) -> "RolloutBatch":
         moved = {
             f.name: getattr(self, f.name).to(device)

@@ -36,5 +36,6 @@ def format_step_line(step: int, total: int, m: dict) -> str:
         f"tis {g('update/tis_weight_mean')} [{g('update/tis_weight_min', '{:.2f}')}, "
         f"{g('update/tis_weight_max', '{:.2f}')}] | p5 min {g('accept/p5_min')} "
         f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
-        f"logp {g('time/logprobs_s', '{:.1f}')}s update {g('time/update_s', '{:.1f}')}s"
+        f"logp {g('time/logprobs_s', '{:.1f}')}s monitor {g('time/monitor_s', '{:.1f}')}s "
+        f"update {g('time/update_s', '{:.1f}')}s"
     )

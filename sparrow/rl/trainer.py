@@ -183,6 +183,7 @@ class GRPOTrainer:
                 extremes.setdefault(key, []).append(float(metrics.pop(key)))
             return loss, metrics
 
+        t_monitor = time.perf_counter()
         update = self.actor.train_step(
             split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size), loss_fn, temperature
         )
@@ -201,7 +202,8 @@ class GRPOTrainer:
         metrics |= {
             "time/rollout_s": t_rollout - t0,
             "time/logprobs_s": t_logprobs - t_rollout,
-            "time/update_s": t_update - t_logprobs,
+            "time/monitor_s": t_monitor - t_logprobs,
+            "time/update_s": t_update - t_monitor,
             "time/sync_s": t_sync - t_update,
             "time/step_s": t_sync - t0,
         }
@@ -226,14 +228,17 @@ class GRPOTrainer:
         )
         metrics = self._bin_metrics("accept_topk", bound, mask)
         if self.cfg.monitor.exact:
+            # Every k-th sequence (all groups alike): the replay costs about one more rollout.
+            stride = max(1, round(1 / self.cfg.monitor.exact_fraction))
+            sub = batch.select(torch.arange(0, len(batch), stride))
             exact = exact_batch_acceptance(
                 self.engine,
                 self.actor.model,
-                batch,
+                sub,
                 self.cfg.rollout.temperature,
                 self.cfg.deepspeed.micro_batch_size,
             )
-            metrics |= self._bin_metrics("accept", exact, mask, feed_monitor=True)
+            metrics |= self._bin_metrics("accept", exact, sub.completion_mask, feed_monitor=True)
         else:
             metrics |= self._bin_metrics("accept", bound, mask, feed_monitor=True)
         stats = self.monitor.summary()
