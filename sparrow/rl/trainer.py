@@ -105,6 +105,7 @@ class GRPOTrainer:
         last_eval = None
         if self.cfg.rl.eval.every and self.step == 0:
             last_eval = self._evaluate()
+            self.logger.log(0, last_eval)
         while self.step < self.cfg.rl.steps:
             metrics = self.train_step()
             self.step += 1
