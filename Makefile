@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sparrow-installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# The venv's console scripts (sparrow-*, torchrun) for the commands and tests below.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup train test lint
 setup: $(STAMP)

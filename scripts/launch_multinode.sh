@@ -11,13 +11,18 @@
 # SPARROW_ENTRY=path/to/script.py runs that script instead of sparrow.cli.train (tests use it).
 # Checkpoints under the run directory must be on a filesystem shared by all nodes.
 set -euo pipefail
+# The Python whose torch runs the job: $PYTHON, else the checkout's .venv, else python3.
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "${here}/.venv/bin/python" ]]; then PYTHON="${here}/.venv/bin/python"; else PYTHON=python3; fi
+fi
 
 NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 if [[ -z "${NPROC_PER_NODE:-}" ]]; then
-    NPROC_PER_NODE="$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
+    NPROC_PER_NODE="$("${PYTHON}" -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
 fi
 RDZV_ID="${RDZV_ID:-sparrow}"
 
@@ -27,7 +32,7 @@ else
     entry=(-m sparrow.cli.train)
 fi
 
-exec torchrun \
+exec "${PYTHON}" -m torch.distributed.run \
     --nnodes "${NNODES}" \
     --node_rank "${NODE_RANK}" \
     --nproc_per_node "${NPROC_PER_NODE}" \
