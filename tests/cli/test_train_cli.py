@@ -52,8 +52,9 @@ def test_smoke_preset_two_steps_end_to_end(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert elapsed < 120, f"smoke run took {elapsed:.0f} s"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    for row in rows:
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the evaluation before training
+    assert 0.0 <= rows[0]["eval/accuracy"] <= 1.0
+    for row in rows[1:]:
         for key in ("reward/mean", "loss/loss", "accept/p5_min", "kv_read_ratio"):
             assert isinstance(row[key], float), (key, row.get(key))
         assert row["rollout/tokens"] > 0
