@@ -186,9 +186,8 @@ class PolicyLoss:
             advantages: (B, T) per-token advantages.
             loss_mask: (B, T) bool, completion tokens.
             global_num_tokens: completion tokens of the step over all micro-batches and ranks.
-                Under data-parallel gradient *averaging* (DDP, DeepSpeed) pass
-                global_num_tokens / world_size so that the averaged gradient is the step mean;
-                DeepSpeed also divides by its gradient_accumulation_steps in backward.
+                Pass the true global count: sparrow's DenseActor undoes DeepSpeed's averaging
+                over ranks and micro-batches, so gradients add up to the step's token mean.
             ref_logprobs: (B, T) reference log-probs; required iff `needs_ref`.
             entropy: (B, T) per-token entropy to log (e.g. `entropy_from_logits`), or None.
         Returns:
