@@ -75,7 +75,10 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparrow.cli.train", *common, f"run_dir={killed}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     marker = killed / "checkpoints" / "step_000002" / "COMPLETE"
     deadline = time.monotonic() + 600
