@@ -35,14 +35,14 @@ def exact_batch_acceptance(
         rows = range(start, min(start + micro_batch_size, len(batch)))
         ids = batch.input_ids[start : rows.stop].to(device)  # (b, T)
         mask = batch.attention_mask[start : rows.stop].to(device)  # (b, T)
-        hidden_logits = dense_model(input_ids=ids, attention_mask=mask.long()).logits  # (b, T, V)
+        dense_logits = dense_model(input_ids=ids, attention_mask=mask.long()).logits  # (b, T, V)
         for i, b in enumerate(rows):
             p0, n = int(batch.prompt_lens[b]), len(completions[b])
             # Logits at position t - 1 predict the token at t; completion tokens sit at p0..p0+n-1.
-            dense = F.log_softmax(hidden_logits[i, p0 - 1 : p0 - 1 + n].float() / temperature, -1)
+            dense = F.log_softmax(dense_logits[i, p0 - 1 : p0 - 1 + n].float() / temperature, -1)
             sparse = F.log_softmax(sparse_logits[b].to(device).float() / temperature, -1)
             accept[b, p0 : p0 + n] = exact_acceptance(dense, sparse).cpu()
-        del hidden_logits
+        del dense_logits
     return accept
 
 

@@ -17,7 +17,7 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -45,7 +45,6 @@ from sparrow.rl.metrics_logger import MetricsLogger
 from sparrow.rl.rewards import build_reward, score_batch
 from sparrow.rl.step_report import format_step_line, rollout_metrics
 from sparrow.rollout.engine import LLMEngine, SamplingParams
-from sparrow.schedule import build_schedule
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ class GRPOTrainer:
 
         self.train_data = load_prompts(cfg.data, self.tokenizer)
         eval_cfg = cfg.rl.eval
-        self.eval_data = load_prompts(_with_split(cfg.data, eval_cfg.split), self.tokenizer)
+        self.eval_data = load_prompts(replace(cfg.data, split=eval_cfg.split), self.tokenizer)
         if cfg.rl.prompts_per_step % self.world:
             raise ValueError(
                 f"rl.prompts_per_step={cfg.rl.prompts_per_step} must divide over {self.world} ranks"
@@ -291,12 +290,9 @@ class GRPOTrainer:
         return {"kv_read_ratio": read / max(full, 1.0)}
 
     def _push_schedule(self) -> None:
-        schedule = (
-            build_schedule(self.cfg.schedule)
-            if self.controller is None
-            else (self.controller.schedule)
-        )
-        self.engine.set_schedule(None if schedule is None else schedule.budget_pages)
+        # No controller means schedule.mode=dense: the engine attends densely.
+        budget = None if self.controller is None else self.controller.schedule.budget_pages
+        self.engine.set_schedule(budget)
 
     def _evaluate(self) -> dict:
         ecfg = self.cfg.rl.eval
@@ -420,9 +416,3 @@ class GRPOTrainer:
             f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {self.world}, "
             f"ZeRO-{cfg.deepspeed.zero_stage}; schedule {sched}; run dir {self.run_dir}"
         )
-
-
-def _with_split(data_cfg, split: str):
-    from dataclasses import replace
-
-    return replace(data_cfg, split=split)
