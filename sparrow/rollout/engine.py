@@ -95,13 +95,20 @@ class LLMEngine:
         params: SamplingParams,
         n: int = 1,
         progress: bool = False,
+        schedules: list[Schedule | None] | None = None,
     ) -> list[GenerationOutput]:
-        """n samples per prompt, ordered prompt-major (prompt 0's samples 0..n-1, then prompt 1)."""
+        """n samples per prompt, ordered prompt-major (prompt 0's samples 0..n-1, then prompt 1).
+
+        `schedules`, one per output sequence, overrides the engine's schedule for that sequence
+        (None: dense), e.g. to roll out a noise-floor share densely, or several budgets from one
+        shared prefill.
+        """
         _check_prompts(prompts, n, params)
+        schedules = self._per_sequence(schedules, len(prompts) * n)
         self.sampler.reseed(self.cfg.seed + self.num_generate_calls)
         self.num_generate_calls += 1
         seqs = [
-            Sequence(i * n + j, i, list(p), params.max_tokens)
+            Sequence(i * n + j, i, list(p), params.max_tokens, schedule=schedules[i * n + j])
             for i, p in enumerate(prompts)
             for j in range(n)
         ]
@@ -113,7 +120,7 @@ class LLMEngine:
         )
         stop_ids = set(params.stop_token_ids)
         eos_ids = set() if params.ignore_eos else set(self.eos_token_ids)
-        tracked = self.schedule is not None  # page summaries are needed only with a schedule
+        tracked = any(s is not None for s in schedules)  # page summaries serve sparse decode only
         bar = tqdm(total=len(seqs), desc="generate", unit="seq", disable=not progress)
         stats = GenerateStats()
         while not scheduler.is_finished():
@@ -141,14 +148,21 @@ class LLMEngine:
         self.last_stats = stats
         return [self._output(s, n, records) for s in seqs]
 
-    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[Tensor]:
+    def score(
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        schedules: list[Schedule | None] | None = None,
+    ) -> list[Tensor]:
         """Teacher-force `completions`: logits (T_i, V) fp32 predicting completions[i][t] from
-        prompt + completions[i][:t], under the current schedule (prefill dense, decode sparse).
-        Identical prompts are prefilled once and share their full pages, as in generate; every
+        prompt + completions[i][:t], under the current schedule or `schedules[i]` (prefill dense,
+        decode sparse; None: dense). Identical prompts are prefilled once and share their full
+        pages, as in generate, so dense and sparse replays of one prompt cost one prefill; every
         sequence is held in the cache at once (no preemption)."""
+        schedules = self._per_sequence(schedules, len(prompts))
         bm = BlockManager(self.cfg.num_pages, self.cfg.page_size)
         seqs = [
-            Sequence(i, i, list(p), max(len(c), 1))
+            Sequence(i, i, list(p), max(len(c), 1), schedule=schedules[i])
             for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
         ]
         groups: dict[tuple[int, ...], list[Sequence]] = {}
@@ -163,7 +177,7 @@ class LLMEngine:
             raise ValueError(f"score needs {need} KV pages at once, the pool has {bm.num_pages}")
         for group in groups.values():
             bm.allocate_prefill(group)
-        tracked = self.schedule is not None
+        tracked = any(s is not None for s in schedules)
         first = self.runner.prefill(list(groups.values()), tracked)  # (G, V)
         logits = [[] for _ in seqs]
         for row, group in zip(first, groups.values(), strict=True):
@@ -204,15 +218,20 @@ class LLMEngine:
     def _pages(self, num_tokens: int) -> int:
         return -(-num_tokens // self.cfg.page_size)
 
+    def _per_sequence(self, schedules: list | None, num_seqs: int) -> list[Schedule | None]:
+        if schedules is None:
+            return [self.schedule] * num_seqs
+        if len(schedules) != num_seqs:
+            raise ValueError(f"got {len(schedules)} schedules for {num_seqs} sequences")
+        return list(schedules)
+
     def _budgets(self, seqs: list[Sequence]) -> list[int] | None:
         """Per-sequence page budgets for a decode step; None when every sequence is dense."""
-        if self.schedule is None:
-            return None
         floor = self.cfg.num_sink + self.cfg.num_recent  # the forced pages always fit
         budgets, any_sparse = [], False
         for seq in seqs:
             pages = self._pages(seq.num_tokens)
-            budget = self.schedule(seq.num_tokens)
+            budget = None if seq.schedule is None else seq.schedule(seq.num_tokens)
             if budget is None or budget >= pages:
                 budgets.append(max(pages, floor))  # all pages: the selection keeps every one
             else:

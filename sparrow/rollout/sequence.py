@@ -5,6 +5,7 @@ Torch-free, so the block manager and scheduler that move sequences around are un
 milliseconds (tests/rollout/test_scheduler.py).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -26,6 +27,7 @@ class Sequence:
     page_table: list[int] = field(default_factory=list)  # physical page of each logical page
     finish_reason: str | None = None  # "eos" | "stop" | "length" once finished
     num_preemptions: int = 0  # times its pages were freed and its tokens recomputed
+    schedule: Callable[[int], int | None] | None = None  # context tokens -> pages; None: dense
 
     @property
     def num_tokens(self) -> int:

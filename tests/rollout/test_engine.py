@@ -166,3 +166,29 @@ def test_score_shares_identical_prompts(lively_llama):
     alone = [make_engine(lively_llama).score([prompt], [c])[0] for c in completions]
     for a, b in zip(shared, alone, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_per_sequence_schedules_match_engine_wide_ones(lively_llama):
+    # One call with a dense and a sparse replay of the same prompt (one shared prefill) gives
+    # what two calls with an engine-wide schedule give.
+    engine = make_engine(lively_llama)
+    vocab = engine.runner.model.shape.vocab_size
+    prompt = random_prompts(vocab, [40], seed=10)[0]
+    completion = random_prompts(vocab, [16], seed=11)[0]
+    tight = lambda context_tokens: 4  # noqa: E731
+    both = engine.score([prompt] * 2, [completion] * 2, schedules=[None, tight])
+    dense = engine.score([prompt], [completion])[0]
+    engine.set_schedule(tight)
+    sparse = engine.score([prompt], [completion])[0]
+    assert torch.allclose(both[0], dense, atol=1e-5) and torch.allclose(both[1], sparse, atol=1e-5)
+    assert acceptance(both[0], both[1]).min() < 0.99  # the two rows really differ
+    # generate: the override wins over the engine's schedule, per sample.
+    outs = engine.generate([prompt], GREEDY, n=2, schedules=[None, tight])
+    alone_sparse = engine.generate([prompt], GREEDY)[0]
+    engine.set_schedule(None)
+    alone_dense = engine.generate([prompt], GREEDY)[0]
+    assert outs[0].token_ids == alone_dense.token_ids
+    assert outs[1].token_ids == alone_sparse.token_ids
+    assert outs[0].budget_pages.tolist() != outs[1].budget_pages.tolist()
+    with pytest.raises(ValueError, match="2 schedules for 1 sequences"):
+        engine.score([prompt], [completion], schedules=[None, tight])
