@@ -36,6 +36,7 @@ setup(
             "sparrow-bench=sparrow.bench.cli:main",
             "sparrow-generate=sparrow.cli.generate:main",
             "sparrow-report=sparrow.cli.report:main",
+            "sparrow-calibrate=sparrow.cli.calibrate:main",
         ]
     },
 )

@@ -1,0 +1,190 @@
+"""`sparrow-calibrate [options] [key=value ...]`: the cheapest schedule meeting tau, measured.
+
+Rolls prompts of the configured task out at every budget of a grid, scores them exactly against
+the dense policy, and writes per bin the cheapest budget whose p5 acceptance >= controller.tau:
+OUT/schedule.yaml (a conf/schedule file: `sparrow-train schedule=... ` or copy it into
+conf/schedule/), OUT/calibration.json (every bin x budget), OUT/p5_vs_position.png. With
+`--online STEPS` it also runs the online controller's loop for STEPS steps on later prompts of the
+same data, and prints both schedules side by side (OUT/online.json).
+
+    sparrow-calibrate data=long_context schedule.bin_tokens=512 --budgets 4,8,16,32,64 \\
+        --prompts 8 --online 6 --out runs/calibrate_long
+Hydra overrides are those of sparrow-train (model, data, rollout, schedule, controller).
+"""
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+USAGE = __doc__
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="sparrow-calibrate", usage=USAGE)
+    parser.add_argument("--budgets", help="comma-separated pages (default: schedule.grid_pages)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts rolled out per budget")
+    parser.add_argument("--samples", type=int, default=2, help="samples per prompt and budget")
+    parser.add_argument("--min-tokens", type=int, help="default: controller.min_tokens")
+    parser.add_argument("--online", type=int, default=0, help="also run the online loop N steps")
+    parser.add_argument("--online-prompts", type=int, default=4, help="prompts per online step")
+    parser.add_argument("--out", default="runs/calibrate", help="output directory")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
+    bad = [o for o in overrides if o.startswith("-")]
+    if bad:
+        print(f"sparrow-calibrate: unknown option {bad[0]}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from sparrow.cli.config_loader import ConfigError, load_config
+
+    try:
+        cfg = load_config(overrides)
+        budgets = (
+            [int(b) for b in args.budgets.split(",")]
+            if args.budgets
+            else list(cfg.schedule.grid_pages)
+        )
+        if not budgets or min(budgets) < 1 or args.prompts < 1 or args.samples < 1:
+            raise ConfigError("--budgets, --prompts and --samples must be positive")
+    except (ConfigError, ValueError) as err:
+        print(f"sparrow-calibrate: config error: {err}", file=sys.stderr)
+        return 2
+    return run(cfg, args, budgets)
+
+
+def run(cfg, args, budgets: list[int]) -> int:
+    from sparrow.calibration import cheapest_schedule, run_online, sweep_budgets
+    from sparrow.controller import make_controller
+    from sparrow.models import load_model
+    from sparrow.rl.data import load_prompts
+    from sparrow.rollout.engine import LLMEngine, SamplingParams
+    from sparrow.schedule import save_schedule_config
+
+    loaded = load_model(cfg.model)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
+    data = load_prompts(cfg.data, loaded.tokenizer)
+    need = args.prompts + args.online * args.online_prompts
+    if len(data.prompts) < need:
+        print(f"sparrow-calibrate: need {need} prompts, the data has {len(data.prompts)}")
+        return 2
+    prompts = [p.token_ids for p in data.prompts]
+    params = SamplingParams(
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        max_tokens=cfg.rollout.max_new_tokens,
+    )
+    tau, bin_tokens = cfg.controller.tau, cfg.schedule.bin_tokens
+    min_tokens = args.min_tokens or cfg.controller.min_tokens
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"sparrow-calibrate: {cfg.model.name}, {data.summary()}; budgets {budgets} pages, "
+        f"{args.prompts} prompts x {args.samples} samples each, tau {tau}, bins of {bin_tokens}"
+    )
+
+    calib_prompts = prompts[: args.prompts]
+    sweep = sweep_budgets(engine, calib_prompts, budgets, params, args.samples, bin_tokens)
+    schedule, choices = cheapest_schedule(sweep, tau, min_tokens, cfg.schedule.grid_pages)
+    stats = sweep.stats()
+    print(format_sweep(stats, choices, budgets))
+    sched_cfg = schedule.to_config("fixed")
+    save_schedule_config(
+        sched_cfg,
+        out / "schedule.yaml",
+        f"sparrow-calibrate: {cfg.model.name}, {data.source}, tau {tau}, "
+        f"{args.prompts} prompts x {args.samples} samples per budget, min {min_tokens} tokens",
+    )
+    result = {
+        "tau": tau,
+        "bin_tokens": bin_tokens,
+        "budgets_pages": budgets,
+        "schedule_pages": list(schedule.budgets_pages),
+        "choices": [asdict(c) for c in choices],
+        "kv_read_ratio": {b: s.kv_read_ratio for b, s in sweep.by_budget.items()},
+        "bins": {b: [asdict(s) for s in st] for b, st in stats.items()},
+    }
+    (out / "calibration.json").write_text(json.dumps(result, indent=1))
+    plot_sweep(stats, tau, out / "p5_vs_position.png")
+    print(f"schedule {list(schedule.budgets_pages)} pages per bin -> {out / 'schedule.yaml'}")
+
+    if args.online:
+        controller = make_controller(replace(cfg.schedule, mode="online"), cfg.controller)
+        rest = prompts[args.prompts :]
+        batches = (
+            rest[i : i + args.online_prompts] for i in range(0, len(rest), args.online_prompts)
+        )
+        history = run_online(
+            engine, controller, batches, args.online, args.samples, params, bin_tokens
+        )
+        print(format_online(history, tau))
+        final = list(controller.schedule.budgets_pages)
+        print(f"offline: {list(schedule.budgets_pages)}\nonline:  {final}")
+        (out / "online.json").write_text(
+            json.dumps(
+                {
+                    "final_schedule_pages": final,
+                    "offline_schedule_pages": list(schedule.budgets_pages),
+                    "steps": [asdict(h) for h in history],
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+def format_sweep(stats: dict, choices, budgets: list[int]) -> str:
+    """bin | tokens at the first budget | p5 per budget | chosen budget and why."""
+    budgets = sorted(set(budgets))
+    head = "bin   positions      " + "".join(f"p5@{b:<6}" for b in budgets) + " chosen"
+    lines = [head]
+    by_bin = {b: {s.bin_index: s for s in stats[b]} for b in budgets}
+    for c in choices:
+        first = next((by_bin[b][c.bin_index] for b in budgets if c.bin_index in by_bin[b]), None)
+        if first is None:
+            continue
+        cells = "".join(
+            f"{by_bin[b][c.bin_index].p5:<9.3f}" if c.bin_index in by_bin[b] else f"{'-':<9}"
+            for b in budgets
+        )
+        span = f"{first.start_token}-{first.end_token - 1}"
+        lines.append(f"{c.bin_index:<5} {span:<14} {cells} {c.budget_pages} ({c.reason})")
+    return "\n".join(lines)
+
+
+def format_online(history, tau: float) -> str:
+    lines = [f"online controller (tau {tau}): step | budgets per bin | p5 (tokens) per bin | KV"]
+    for h in history:
+        p5 = " ".join(f"b{s.bin_index}:{s.p5:.3f}({s.count})" for s in h.stats)
+        lines.append(f"{h.step:>3} {list(h.budgets_pages)} {p5} kv {h.kv_read_ratio:.3f}")
+    return "\n".join(lines)
+
+
+def plot_sweep(stats: dict, tau: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for budget in sorted(stats):
+        st = stats[budget]
+        ax.plot([s.start_token for s in st], [s.p5 for s in st], "o-", label=f"{budget} pages")
+    ax.axhline(tau, color="k", ls="--", lw=1, label=f"tau {tau}")
+    ax.set_xlabel("position bin start (tokens)")
+    ax.set_ylabel("p5 acceptance")
+    ax.set_title("p5 acceptance vs position, per budget")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
