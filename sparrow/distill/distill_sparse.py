@@ -1,0 +1,152 @@
+"""DistillSparse: one adapter update per RL step, after the dense update (DESIGN.md §1, step 5).
+
+    distill = DistillSparse(cfg.distill, model, engine.runner.kv.cfg, actor_lr=cfg.deepspeed.lr)
+    ...  # after the dense GRPO update of theta:
+    distill.load_base(theta_state_dict)          # theta frozen inside the sparse policy
+    metrics = distill.step(batch, dense.token_logprobs, advantages_tok, temperature)
+    engine.update_weights(distill.merged_state_dict())   # the engine samples from theta + phi
+
+The adapter phi has its own AdamW optimizer; the loss is sparrow.distill.loss over the rollout,
+run through the training-time block-sparse attention with the budgets the engine recorded.
+With several data-parallel ranks every rank calls `step` on its own rollouts, with the step's
+global token count, and the adapter gradients are summed over ranks so phi stays identical.
+"""
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from sparrow.batch import RolloutBatch
+from sparrow.distill.loss import distill_loss
+from sparrow.distill.sparse_policy import SparsePolicy
+from sparrow.rollout.paged_attention import SparseAttentionConfig
+
+
+@dataclass
+class DistillConfig:
+    enabled: bool = False  # train a LoRA for the sparse rollout policy after each dense update
+    rank: int = 16  # LoRA rank r
+    alpha: float = 32.0  # LoRA alpha: the update B A is scaled by alpha / rank
+    dropout: float = 0.0  # LoRA dropout on the adapter's input
+    target_modules: str = "all-linear"  # peft targets: every linear layer but the LM head
+    lr_factor: float = 10.0  # adapter AdamW learning rate = lr_factor x the actor's lr
+    lambda_k3: float = 1e-3  # weight of k3(logp_dense_old - logp_sparse) (Sparrow's code: 1e-3)
+    pg_coef: float = 1.0  # weight of the sparse GRPO term (0: pure distillation to dense)
+    grad_clip: float = 1.0  # clip the adapter's gradient 2-norm to this; 0 disables clipping
+    micro_batch_size: int = 4  # sequences per sparse forward + backward
+
+    def __post_init__(self):
+        if self.rank < 1 or self.micro_batch_size < 1:
+            raise ValueError(
+                f"distill.rank and distill.micro_batch_size must be >= 1, got {self.rank}, "
+                f"{self.micro_batch_size}"
+            )
+        if self.lr_factor <= 0 or self.lambda_k3 < 0 or self.pg_coef < 0:
+            raise ValueError("distill.lr_factor must be > 0, lambda_k3 and pg_coef >= 0")
+
+
+class DistillSparse:
+    def __init__(
+        self,
+        cfg: DistillConfig,
+        base_model,
+        attn: SparseAttentionConfig,
+        actor_lr: float,
+    ):
+        """base_model: the HF policy with the dense weights (copied, not modified); attn: the
+        engine's sparse attention settings (`engine.runner.kv.cfg`), so selection matches."""
+        self.cfg = cfg
+        self.policy = SparsePolicy(
+            base_model,
+            attn,
+            rank=cfg.rank,
+            alpha=cfg.alpha,
+            dropout=cfg.dropout,
+            target_modules=cfg.target_modules,
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=cfg.lr_factor * actor_lr, weight_decay=0.0
+        )
+        self.num_steps = 0
+
+    def step(
+        self,
+        batch: RolloutBatch,
+        dense_logprobs: Tensor,
+        advantages_tok: Tensor,
+        temperature: float,
+        global_num_tokens: float | None = None,
+    ) -> dict[str, float]:
+        """One adapter update over the rollout batch.
+
+        dense_logprobs: (B, T) the dense policy's log-probs of batch.input_ids before this step's
+        update, aligned as in RolloutBatch; advantages_tok: (B, T) per-token advantages;
+        temperature: the rollout's (0, greedy, scores at 1); global_num_tokens: completion tokens
+        over all ranks (default: this batch's). Returns metrics under `distill/`.
+        """
+        temperature = temperature if temperature > 0 else 1.0
+        num_tokens = global_num_tokens or max(int(batch.completion_mask.sum()), 1)
+        totals: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(batch), self.cfg.micro_batch_size):
+            rows = slice(start, start + self.cfg.micro_batch_size)
+            mask = batch.completion_mask[rows]  # (b, T)
+            logprobs = self.policy.token_logprobs(
+                batch.input_ids[rows], mask, batch.budget_pages[rows], temperature
+            )  # (b, T)
+            device = logprobs.device
+            loss, metrics = distill_loss(
+                logprobs,
+                dense_logprobs[rows].to(device),
+                advantages_tok[rows].to(device),
+                mask.to(device),
+                num_tokens,
+                pg_coef=self.cfg.pg_coef,
+                lambda_k3=self.cfg.lambda_k3,
+            )
+            loss.backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        params = self.policy.parameters()
+        self._all_reduce_grads(params)
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.num_steps += 1
+        return {f"distill/{k}": v for k, v in totals.items()} | {"distill/grad_norm": grad_norm}
+
+    def merged_state_dict(self) -> dict[str, Tensor]:
+        """theta + phi, HF-named, for `LLMEngine.update_weights`."""
+        return self.policy.merged_state_dict()
+
+    def load_base(self, state_dict: dict[str, Tensor]) -> None:
+        """Take the dense actor's updated theta (HF names) as the frozen base."""
+        self.policy.load_base(state_dict)
+
+    def state_dict(self) -> dict:
+        """Adapter, optimizer and step count (theta is the actor's, checkpointed there)."""
+        return {
+            "adapter": self.policy.adapter_state_dict(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "num_steps": self.num_steps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_adapter_state_dict(state["adapter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_steps = state["num_steps"]
+
+    @staticmethod
+    def _all_reduce_grads(params: list[Tensor]) -> None:
+        # Each rank's loss is already divided by the global token count: the sum is the mean.
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)

@@ -1,0 +1,144 @@
+"""The sparse rollout policy as a trainable model: a frozen copy of the base weights plus a LoRA.
+
+DistillSparse (DESIGN.md §1) gives the sparse policy its own adapter phi on top of the dense
+weights theta. This module owns that model: a deep copy of the HF policy (the dense actor never
+sees the adapter), wrapped by peft with LoRA on every linear layer of the decoder, with the
+training-time block-sparse attention (sparse_attention.py) as its attention function. It answers
+four questions: the sparse log-probs of rollout tokens (with grad into the adapter only), the
+merged HF-named weights theta + phi for `LLMEngine.update_weights`, taking a new theta from the
+dense actor, and the adapter's tensors for checkpoints.
+"""
+
+import copy
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
+from peft.tuners.lora import LoraLayer
+from torch import Tensor
+
+from sparrow.distill.sparse_attention import (
+    SparseForwardMetadata,
+    query_budgets,
+    register_attention,
+)
+from sparrow.rollout.paged_attention import SparseAttentionConfig
+
+ADAPTER = "default"  # peft's adapter name
+# Prefixes that wrappers put in front of HF parameter names (PEFT, DDP), as the engine strips them.
+_NAME_PREFIXES = ("base_model.model.", "module.")
+
+
+class SparsePolicy:
+    def __init__(
+        self,
+        base_model,
+        attn: SparseAttentionConfig,
+        *,
+        rank: int,
+        alpha: float,
+        dropout: float,
+        target_modules: str | list[str],
+    ):
+        model = copy.deepcopy(base_model)
+        model.set_attn_implementation(register_attention())
+        lora = LoraConfig(
+            r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules
+        )
+        self.peft_model = get_peft_model(model, lora)  # freezes every non-LoRA parameter
+        self.model = self.peft_model.base_model.model  # the HF model with LoRA layers injected
+        # Train mode only matters for LoRA dropout: Llama/Qwen3 have no other dropout modules,
+        # and the sparse attention ignores attention_dropout (the engine has none).
+        self.model.train(dropout > 0)
+        self.attn = attn
+        # HF name of each base weight -> the live tensor (LoRA-wrapped layers keep theirs in
+        # `base_layer`); tied weights appear under both names, as in the HF state dict.
+        self._base: dict[str, Tensor] = {
+            name.replace(".base_layer.", "."): tensor
+            for name, tensor in self.model.state_dict(keep_vars=True).items()
+            if ".lora_" not in name
+        }
+        self._lora: dict[str, LoraLayer] = {
+            name: m for name, m in self.model.named_modules() if isinstance(m, LoraLayer)
+        }
+
+    def parameters(self) -> list[Tensor]:
+        """The adapter's trainable tensors (LoRA A and B of every wrapped layer)."""
+        return [p for p in self.peft_model.parameters() if p.requires_grad]
+
+    def token_logprobs(
+        self,
+        input_ids: Tensor,
+        completion_mask: Tensor,
+        budget_pages: Tensor,
+        temperature: float,
+    ) -> Tensor:
+        """Sparse-policy log-probs of the completion tokens, aligned as in RolloutBatch.
+
+        input_ids, completion_mask, budget_pages: (B, T) of a right-padded rollout batch.
+        Returns (B, T) fp32 log p(input_ids[:, t] | < t) at `temperature` on completion tokens,
+        0 elsewhere; differentiable w.r.t. the adapter.
+        """
+        device = next(self.model.parameters()).device
+        used_len = int(completion_mask.long().cumsum(1).argmax(1).max()) + 1  # drop padding
+        ids = input_ids[:, :used_len].to(device)  # (B, L)
+        mask = completion_mask[:, :used_len].to(device)  # (B, L)
+        budgets = query_budgets(budget_pages[:, :used_len].to(device), mask, self.attn.page_size)
+        meta = SparseForwardMetadata(self.attn, budgets)
+        hidden = self.model.get_decoder()(input_ids=ids, sparrow_sparse=meta).last_hidden_state
+        targets = mask[:, 1:]  # (B, L - 1): hidden at t - 1 predicts the token at t
+        rows = hidden[:, :-1][targets]  # (N, H)
+        logits = self.model.get_output_embeddings()(rows).float() / temperature  # (N, V)
+        picked = F.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][targets][:, None])  # (N, 1)
+        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)  # (B, T)
+        full_mask = F.pad(targets, (1, input_ids.shape[1] - used_len))  # (B, T)
+        return out.masked_scatter(full_mask, picked.squeeze(-1))
+
+    @torch.no_grad()
+    def merged_state_dict(self) -> dict[str, Tensor]:
+        """HF-named weights of theta + phi: every base weight, LoRA layers merged (W + s B A).
+        Unmerged entries alias the live base weights (the engine copies them)."""
+        merged = {name: t.detach() for name, t in self._base.items()}
+        for name, layer in self._lora.items():
+            base = layer.get_base_layer().weight
+            delta = layer.get_delta_weight(ADAPTER).to(base.dtype)
+            merged[f"{name}.weight"] = base.detach() + delta
+        return merged
+
+    @torch.no_grad()
+    def load_base(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Copy new dense weights theta (HF names, any subset) into the frozen base; the adapter
+        is kept. Unknown names raise, so a renamed weight cannot be silently skipped."""
+        for raw_name, tensor in state_dict.items():
+            name = raw_name
+            for prefix in _NAME_PREFIXES:
+                name = name.removeprefix(prefix)
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            target = self._base.get(name)
+            if target is None:
+                raise KeyError(f"load_base: unexpected weight {raw_name!r}")
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"load_base: {raw_name} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+
+    def adapter_state_dict(self) -> dict[str, Tensor]:
+        """The adapter's tensors by parameter name (copies, for checkpoints)."""
+        return {
+            name: p.detach().clone()
+            for name, p in self.peft_model.named_parameters()
+            if p.requires_grad
+        }
+
+    @torch.no_grad()
+    def load_adapter_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        params = {n: p for n, p in self.peft_model.named_parameters() if p.requires_grad}
+        if set(state) != set(params):
+            missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+            raise KeyError(f"adapter state mismatch: missing {missing[:3]}, unexpected {extra[:3]}")
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
