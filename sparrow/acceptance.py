@@ -28,6 +28,7 @@ class MonitorConfig:
     exact: bool = False  # also compute exact full-vocabulary acceptance (actor reads; costs a pass)
     exact_fraction: float = 1.0  # share of sequences replayed for the exact acceptance (cost)
     noise_floor_fraction: float = 0.0  # share of prompts rolled out densely (trainer reads)
+    speedup_every: int = 0  # every N steps time a dense rollout of the same prompts; 0: never
 
 
 @dataclass

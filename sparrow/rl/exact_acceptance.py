@@ -19,16 +19,22 @@ from sparrow.batch import RolloutBatch
 
 @torch.no_grad()
 def exact_batch_acceptance(
-    engine, dense_model, batch: RolloutBatch, temperature: float, micro_batch_size: int
+    engine,
+    dense_model,
+    batch: RolloutBatch,
+    temperature: float,
+    micro_batch_size: int,
+    schedules: list | None = None,
 ) -> Tensor:
     """(B, T) fp32 exact acceptance at completion positions, 0 elsewhere.
 
-    Call before the schedule changes: the engine's replay uses its current schedule.
+    Call before the schedule changes: the engine's replay uses its current schedule, or
+    `schedules[b]` per row when given (those the rows were rolled out with; None: dense).
     `dense_model` is the actor's HF model (under ZeRO-3 every rank must call this together).
     """
     temperature = temperature if temperature > 0 else 1.0
     prompts, completions = _split(batch)
-    sparse_logits = engine.score(prompts, completions)  # list of (T_i, V)
+    sparse_logits = engine.score(prompts, completions, schedules)  # list of (T_i, V)
     accept = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (B, T)
     device = next(dense_model.parameters()).device
     for start in range(0, len(batch), micro_batch_size):

@@ -7,8 +7,10 @@ controller -> update -> weight sync -> eval -> checkpoint.
 Departures from the Sparrow paper's recipe (DESIGN.md §1), on purpose:
 - the budget schedule is set online by a closed-loop controller from this step's p5 acceptance
   (the paper calibrates an offline table; `schedule.mode=fixed` reproduces that);
-- acceptance uses the paper's top-K lower bound on every token (exact full-vocabulary acceptance
-  is for offline probes: the engine keeps only the top-K of the rollout policy);
+- acceptance is exact over the full vocabulary where affordable (`monitor.exact`: a teacher-forced
+  replay of a share of the sequences), with the paper's top-K lower bound logged beside it; a
+  share of prompts can be rolled out densely to log the noise floor (`monitor.noise_floor_fraction`)
+  and every few steps a dense rollout is timed for the measured speedup (`monitor.speedup_every`);
 - one optimizer update per rollout batch (on-policy up to the sparse/dense mismatch, which TIS
   corrects), as the paper's recipe.
 Every data-parallel rank runs its own engine on its share of the step's prompts.
@@ -127,12 +129,15 @@ class GRPOTrainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         prompts = next(self.prompts)[self.rank :: self.world]  # this rank's share
+        n_floor = self._num_noise_floor_prompts(len(prompts))
         outputs = self.engine.generate(
             [p.token_ids for p in prompts],
             self.sampling,
             n=cfg.rl.group_size,
             progress=cfg.rollout.progress and self.rank == 0,
+            schedules=self._rollout_schedules(len(prompts), n_floor),
         )
+        rollout_stats = self.engine.last_stats
         group_offset = self.rank * len(prompts)
         batch = collate_rollouts(
             [p.token_ids for p in prompts],
@@ -147,6 +152,8 @@ class GRPOTrainer:
             [prompts[o.prompt_index].answer for o in outputs],
         )
         t_rollout = time.perf_counter()
+        speedup = self._measure_speedup(prompts, rollout_stats)
+        t_probe = time.perf_counter()
 
         # GRPO groups never span ranks (a rank rolls out whole groups), so advantages are local.
         advantages = self.advantage_fn(scores.scores, batch.group_ids)  # (B,)
@@ -156,7 +163,8 @@ class GRPOTrainer:
             batch.input_ids, batch.attention_mask, topk=cfg.monitor.top_k, temperature=temperature
         )
         t_logprobs = time.perf_counter()
-        accept_metrics = self._monitor_and_control(batch, dense)
+        floor_rows = torch.tensor([o.prompt_index >= len(prompts) - n_floor for o in outputs])
+        accept_metrics = self._monitor_and_control(batch, dense, floor_rows)
 
         num_tokens = self._global_sum(batch.completion_mask.sum())
         train_batch = {
@@ -194,31 +202,71 @@ class GRPOTrainer:
         t_sync = time.perf_counter()
 
         metrics = rollout_metrics(batch, scores, outputs, self._global_mean)
-        metrics |= accept_metrics
+        metrics |= accept_metrics | speedup
         metrics |= {
             f"loss/{k}" if k in ("loss", "pg_loss") else f"update/{k}": v for k, v in update.items()
         }
         metrics |= scores.stats.as_metrics()
         metrics |= {
             "time/rollout_s": t_rollout - t0,
-            "time/logprobs_s": t_logprobs - t_rollout,
-            "time/monitor_s": t_monitor - t_logprobs,
+            "time/logprobs_s": t_logprobs - t_probe,
+            "time/monitor_s": t_monitor - t_logprobs + t_probe - t_rollout,
             "time/update_s": t_update - t_monitor,
             "time/sync_s": t_sync - t_update,
             "time/step_s": t_sync - t0,
         }
         return metrics
 
+    # ---- noise floor and measured speedup ---------------------------------------------------
+
+    def _num_noise_floor_prompts(self, num_prompts: int) -> int:
+        """Prompts of this rank rolled out densely to measure the dense-vs-dense noise floor
+        (the last ones of its share; at least one when the fraction is positive)."""
+        fraction = self.cfg.monitor.noise_floor_fraction
+        if self.controller is None or fraction <= 0:
+            return 0  # dense mode: every sequence already measures the floor
+        return min(num_prompts - 1, max(1, round(fraction * num_prompts)))
+
+    def _rollout_schedules(self, num_prompts: int, n_floor: int) -> list | None:
+        if not n_floor:
+            return None  # the engine's schedule for all
+        sparse = self.controller.schedule.budget_pages
+        group = self.cfg.rl.group_size
+        return [
+            sparse if i < num_prompts - n_floor else None
+            for i in range(num_prompts)
+            for _ in range(group)
+        ]
+
+    def _measure_speedup(self, prompts, sparse_stats) -> dict:
+        """Every `monitor.speedup_every` steps: the same prompts rolled out densely, timed, so
+        the dashboard shows the measured decode speedup beside the cost model's prediction."""
+        every = self.cfg.monitor.speedup_every
+        if not every or self.controller is None or (self.step + 1) % every:
+            return {}
+        self.engine.set_schedule(None)
+        self.engine.generate([p.token_ids for p in prompts], self.sampling, self.cfg.rl.group_size)
+        self._push_schedule()
+        dense_stats = self.engine.last_stats
+        return {
+            "speedup/measured": sparse_stats.decode_tok_s / max(dense_stats.decode_tok_s, 1e-9),
+            "speedup/dense_decode_tok_s": dense_stats.decode_tok_s,
+            "speedup/sparse_decode_tok_s": sparse_stats.decode_tok_s,
+        }
+
     # ---- pieces -----------------------------------------------------------------------------
 
-    def _monitor_and_control(self, batch: RolloutBatch, dense) -> dict:
+    def _monitor_and_control(self, batch: RolloutBatch, dense, floor_rows) -> dict:
         """Per-token acceptance pooled over ranks, per-bin stats, then the controller.
 
         The controller reads the exact full-vocabulary acceptance when `monitor.exact` is on
         (a second, teacher-forced decode pass), else the paper's top-K bound; the bound is
-        always logged beside it (`accept_topk/...`).
+        always logged beside it (`accept_topk/...`). Rows rolled out densely (`floor_rows`, (B,)
+        bool) measure the dense-vs-dense noise floor (`noise_floor/...`) and are kept out of
+        what the controller sees.
         """
         mask = batch.completion_mask
+        sparse_mask = mask & ~floor_rows[:, None]  # (B, T)
         bound = torch.zeros(mask.shape)  # (B, T)
         bound[mask] = topk_acceptance_bound(
             batch.topk_ids[mask],
@@ -226,48 +274,69 @@ class GRPOTrainer:
             dense.topk_ids[mask],
             dense.topk_logprobs[mask],
         )
-        metrics = self._bin_metrics("accept_topk", bound, mask)
+        self.monitor.reset()
+        metrics = self._bin_metrics("accept_topk", bound, sparse_mask)
         if self.cfg.monitor.exact:
-            # Every k-th sequence (all groups alike): the replay costs about one more rollout.
+            # Every k-th sparse sequence (all groups alike) and every noise-floor one: the replay
+            # costs about one more rollout of those rows.
             stride = max(1, round(1 / self.cfg.monitor.exact_fraction))
-            sub = batch.select(torch.arange(0, len(batch), stride))
+            rows = torch.arange(len(batch))
+            keep = (rows % stride == 0) & ~floor_rows | floor_rows
+            sub = batch.select(rows[keep])
+            sub_floor = floor_rows[keep]
+            sparse_schedule = None if self.controller is None else self.controller.schedule
+            schedules = [
+                None if f or sparse_schedule is None else sparse_schedule.budget_pages
+                for f in sub_floor.tolist()
+            ]
             exact = exact_batch_acceptance(
                 self.engine,
                 self.actor.model,
                 sub,
                 self.cfg.rollout.temperature,
                 self.cfg.deepspeed.micro_batch_size,
+                schedules,
             )
-            metrics |= self._bin_metrics("accept", exact, sub.completion_mask, feed_monitor=True)
+            sub_mask = sub.completion_mask
+            metrics |= self._bin_metrics(
+                "accept", exact, sub_mask & ~sub_floor[:, None], feed="sparse"
+            )
+            floor_values, floor_mask = exact, sub_mask & sub_floor[:, None]
         else:
-            metrics |= self._bin_metrics("accept", bound, mask, feed_monitor=True)
+            metrics |= self._bin_metrics("accept", bound, sparse_mask, feed="sparse")
+            floor_values, floor_mask = bound, mask & floor_rows[:, None]
+        if bool(floor_rows.any()):
+            metrics |= self._bin_metrics("noise_floor", floor_values, floor_mask, feed="floor")
         stats = self.monitor.summary()
 
         metrics |= self._kv_read_metrics(batch)
         if self.controller is not None:
             metrics["controller/tau"] = self.cfg.controller.tau
-            self.controller.update(stats)
-            self._push_schedule()
-            schedule = self.controller.schedule
-            for i, b in enumerate(schedule.budgets_pages):
-                metrics[f"schedule/budget_pages/bin{i}"] = b
+            rolled_with = self.controller.schedule  # what this batch was generated under
             prompt_tokens = int(batch.prompt_lens.float().mean())
             output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
             cost_cfg = CostConfig(num_dense_layers=len(self.cfg.rollout.engine.dense_layers))
             metrics["speedup/predicted"] = predicted_speedup(
-                self.shape, prompt_tokens, output_tokens, len(batch), schedule, cost_cfg
+                self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, cost_cfg
             )
+            self.controller.update(stats)
+            self._push_schedule()
+            for i, b in enumerate(self.controller.schedule.budgets_pages):
+                metrics[f"schedule/budget_pages/bin{i}"] = b
         return metrics
 
-    def _bin_metrics(self, name: str, accept, mask, feed_monitor: bool = False) -> dict:
-        """Mean, p1/p5/p50 per position bin of a (B, T) acceptance over completion tokens."""
+    def _bin_metrics(self, name: str, accept, mask, feed: str | None = None) -> dict:
+        """Mean, p1/p5/p50 per position bin of a (B, T) acceptance over completion tokens;
+        `feed` "sparse" or "floor" also hands the tokens to the monitor's matching slot."""
         values, positions = flatten_completion(accept, mask)
         values, positions = self._gather_tokens(values, positions)
-        if feed_monitor:
-            self.monitor.reset()
+        if feed == "sparse":
             self.monitor.update(values, positions)
             stats = self.monitor.summary()
             self.logger.log_histogram(self.step + 1, f"{name}/histogram", values.tolist())
+        elif feed == "floor":
+            self.monitor.update_noise_floor(values, positions)
+            stats = self.monitor.noise_floor_summary()
         else:
             stats = bin_acceptance(values, positions, self.cfg.monitor.bin_tokens)
         metrics = {f"{name}/mean": float(values.mean()) if len(values) else math.nan}
