@@ -81,7 +81,37 @@ def render(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    return written
+    hist = _histogram(runs, out_dir, plt)
+    return written + ([hist] if hist else [])
+
+
+def _histogram(runs: dict, out_dir: Path, plt) -> Path | None:
+    """Per-token acceptance histogram (`accept/hist20`: 20 bins over [0, 1]) of each run's
+    first and last logged step, as fractions of tokens on a log axis (the tail is what matters)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = 0
+    for run_name, rows in runs.items():
+        logged = [r for r in rows if isinstance(r.get("accept/hist20"), list)]
+        for row in logged[:1] + logged[-1:] if len(logged) > 1 else logged:
+            counts = row["accept/hist20"]
+            total = max(sum(counts), 1)
+            edges = [i / len(counts) for i in range(len(counts) + 1)]
+            label = f"{run_name} step {row['step']}".strip()
+            ax.stairs([c / total for c in counts], edges, label=label)
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_yscale("log")
+    ax.set_xlabel("per-token acceptance")
+    ax.set_ylabel("fraction of tokens")
+    ax.set_title("acceptance histogram")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = out_dir / "acceptance_histogram.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _natural(key: str):

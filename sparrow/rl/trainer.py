@@ -340,6 +340,8 @@ class GRPOTrainer:
         else:
             stats = bin_acceptance(values, positions, self.cfg.monitor.bin_tokens)
         metrics = {f"{name}/mean": float(values.mean()) if len(values) else math.nan}
+        if feed == "sparse":  # counts in 20 bins over [0, 1], for sparrow-report's histogram
+            metrics[f"{name}/hist20"] = torch.histc(values.float(), 20, 0.0, 1.0).tolist()
         for s in stats:
             for stat in ("mean", "p1", "p5", "p50"):
                 metrics[f"{name}/{stat}/bin{s.bin_index}"] = getattr(s, stat)
