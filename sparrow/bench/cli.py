@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
     "rollout": "sparrow.bench.rollout",  # engine vs HF generate; sparse vs dense decode + p5
+    "step": "sparrow.bench.step",  # one GRPO step, sparse vs dense rollouts: phases, speedups
 }
 
 

@@ -1,0 +1,263 @@
+"""`sparrow-bench step`: one full GRPO step with sparse and with dense rollouts, side by side.
+
+    sparrow-bench step --json runs/bench_step.json          # CPU default: preset=bench_step_cpu
+    sparrow-bench step --warmup preset=tiny                  # any Hydra overrides after the flags
+    sparrow-bench step --random-model qwen3-1.7b --warmup preset=qwen3_1p7b_gpu \\
+        rollout.max_new_tokens=16384                         # GPU: random Qwen3-1.7B shape
+
+The trainer is built twice from the same composed config (conf/ + overrides, as sparrow-train
+composes it; `preset=bench_step_cpu` unless a preset is given): once as configured (sparse) and
+once with `schedule=dense`, same seed, hence the same prompts and sampler seeds. Each runs
+`GRPOTrainer.train_step()` once (after an optional short warm-up step) and reports its phases:
+rollout (generate + rewards), dense log-probs, monitor (acceptance, exact replay if
+`monitor.exact`, controller), update, weight sync.
+
+The exact-acceptance replay is monitoring overhead the sparse policy needs; a dense-only trainer
+has nothing to monitor, so by default the dense run sets `monitor.exact=false` (it still computes
+the top-K bound, which costs next to nothing); `--dense-exact-monitor` makes it pay the replay
+too. Speedups are throughput ratios (completion tokens per second), equal to time ratios when
+both runs generate the same number of tokens (always with EOS ignored):
+rollout_speedup = sparse rollout tok/s / dense rollout tok/s, step_speedup likewise over the
+whole step, step_speedup_excl_monitor without the monitor phase of either run.
+"""
+
+import argparse
+import cProfile
+import gc
+import json
+import math
+import pstats
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+PHASES = ("rollout", "logprobs", "monitor", "update", "sync", "step")
+DEFAULT_PRESET = "bench_step_cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = _parse(argv)
+    from sparrow.cli.config_loader import ConfigError, load_config
+
+    if args.random_model:
+        overrides = _set(overrides, "model.name", str(_random_model_dir(args.random_model)))
+    runs = {
+        "sparse": overrides,
+        "dense": _set(overrides, "schedule", "dense")
+        + ([] if args.dense_exact_monitor else ["monitor.exact=false"]),
+    }
+    report: dict = {"config": {"argv": list(argv or []), "overrides": overrides}}
+    with tempfile.TemporaryDirectory(prefix="sparrow-bench-step-") as tmp:
+        for label, run_overrides in runs.items():
+            forced = [f"run_dir={tmp}/{label}", "rl.eval.every=0", "logger.wandb.mode=disabled"]
+            try:
+                cfg = load_config([*run_overrides, *forced])
+            except ConfigError as err:
+                print(f"sparrow-bench step: config error: {err}", flush=True)
+                return 2
+            report[label] = run_step(cfg, args, label)
+            _write(args.json, report)  # partial results survive a later timeout
+    report |= speedups(report["sparse"], report["dense"])
+    print_table(report)
+    _write(args.json, report)
+    return 0
+
+
+def run_step(cfg, args, label: str) -> dict:
+    """Build the trainer, run the optional warm-up step and one measured step; its summary."""
+    from sparrow.rl.trainer import GRPOTrainer
+
+    print(f"\n== {label}: building the trainer ({cfg.model.name}, schedule {cfg.schedule.mode})")
+    start = time.perf_counter()
+    trainer = GRPOTrainer(cfg)
+    _engine_on_actor_device(trainer)
+    if args.ignore_eos or args.random_model:
+        trainer.sampling = replace(trainer.sampling, ignore_eos=True)
+    build_s = time.perf_counter() - start
+    if args.warmup:
+        measured = trainer.sampling
+        trainer.sampling = replace(
+            measured, max_tokens=min(args.warmup_tokens, measured.max_tokens)
+        )
+        warm = trainer.train_step()
+        trainer.sampling = measured
+        print(f"   warm-up step: {warm['time/step_s']:.1f} s")
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    metrics = trainer.train_step()
+    if profiler is not None:
+        profiler.disable()
+        print(f"   profile of the {label} step (top {args.profile} by own time):")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+    summary = summarize(metrics, trainer.engine.last_stats)
+    summary |= {
+        "schedule": cfg.schedule.mode,
+        "budgets_pages": list(cfg.schedule.budgets_pages) if cfg.schedule.mode != "dense" else [],
+        "exact_monitor": cfg.monitor.exact,
+        "build_s": build_s,
+        "device": str(trainer.engine.runner.device),
+    }
+    print(
+        f"   step {summary['step_s']:.1f} s, rollout {summary['rollout_s']:.1f} s, "
+        f"{summary['completion_tokens']:.0f} tokens"
+    )
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return summary
+
+
+def summarize(metrics: dict, gen_stats) -> dict:
+    """Phase seconds, token counts and rates, KV-read ratio, acceptance and the predicted speedup
+    from one `train_step()`'s metrics and the rollout's `GenerateStats`."""
+    out = {f"{p}_s": metrics[f"time/{p}_s"] for p in PHASES}
+    tokens = metrics["rollout/tokens"]
+    out |= {
+        "completion_tokens": tokens,
+        "prompt_len_mean": metrics["len/prompt_mean"],
+        "completion_len_mean": metrics["len/completion_mean"],
+        "rollout_tok_s": tokens / out["rollout_s"],
+        "step_tok_s": tokens / out["step_s"],
+        "step_excl_monitor_s": out["step_s"] - out["monitor_s"],
+        "prefill_s": gen_stats.prefill_s,
+        "decode_s": gen_stats.decode_s,
+        "decode_tok_s": gen_stats.decode_tok_s,
+        "kv_read_ratio": metrics.get("kv_read_ratio"),
+        "accept_p5_min": metrics.get("accept/p5_min"),
+        "accept_topk_p5_min": metrics.get("accept_topk/p5_min"),
+        "predicted_speedup": metrics.get("speedup/predicted"),
+    }
+    return {k: _finite_or_none(v) for k, v in out.items()}
+
+
+def speedups(sparse: dict, dense: dict) -> dict:
+    """Throughput ratios sparse / dense (completion tokens per second)."""
+
+    def per_token(run: dict, seconds: float) -> float:
+        return run["completion_tokens"] / seconds
+
+    return {
+        "rollout_speedup": sparse["rollout_tok_s"] / dense["rollout_tok_s"],
+        "step_speedup": sparse["step_tok_s"] / dense["step_tok_s"],
+        "step_speedup_excl_monitor": per_token(sparse, sparse["step_excl_monitor_s"])
+        / per_token(dense, dense["step_excl_monitor_s"]),
+    }
+
+
+def print_table(report: dict) -> None:
+    sparse, dense = report["sparse"], report["dense"]
+    rows = [(f"{p} s", f"{p}_s", "time") for p in PHASES]
+    rows += [
+        ("step w/o monitor s", "step_excl_monitor_s", "time"),
+        ("  prefill s (engine)", "prefill_s", "time"),
+        ("  decode s (engine)", "decode_s", "time"),
+        ("completion tokens", "completion_tokens", None),
+        ("prompt tokens (mean)", "prompt_len_mean", None),
+        ("rollout tok/s", "rollout_tok_s", "rate"),
+        ("decode tok/s (engine)", "decode_tok_s", "rate"),
+        ("step tok/s", "step_tok_s", "rate"),
+        ("KV-read ratio", "kv_read_ratio", None),
+        ("p5 acceptance (min bin)", "accept_p5_min", None),
+        ("p5 top-K bound (min bin)", "accept_topk_p5_min", None),
+        ("predicted speedup", "predicted_speedup", None),
+    ]
+    print(f"\n{'':26s}{'sparse':>11s}{'dense':>11s}{'speedup':>10s}")
+    for name, key, kind in rows:
+        s, d = sparse.get(key), dense.get(key)
+        ratio = ""
+        if kind and s and d:
+            ratio = f"{(d / s if kind == 'time' else s / d):9.2f}x"
+        print(f"{name:26s}{_fmt(s):>11s}{_fmt(d):>11s}{ratio:>10s}")
+    print(
+        f"\nrollout speedup {report['rollout_speedup']:.2f}x, step speedup "
+        f"{report['step_speedup']:.2f}x ({report['step_speedup_excl_monitor']:.2f}x without the "
+        f"monitor phase); dense run exact monitor: {dense['exact_monitor']}"
+    )
+
+
+def _engine_on_actor_device(trainer) -> None:
+    """On a GPU machine the trainer builds its engine from the freshly loaded (CPU) model; rebuild
+    it from the actor's model, which DeepSpeed has moved to the GPU, so rollouts run there."""
+    from sparrow.rollout.engine import LLMEngine
+
+    device = next(trainer.actor.model.parameters()).device
+    if device == trainer.engine.runner.device:
+        return
+    print(f"   rebuilding the rollout engine on {device} (the trainer built it on CPU)")
+    trainer.engine = LLMEngine(trainer.actor.model, trainer.tokenizer, trainer.cfg.rollout.engine)
+    controller = trainer.controller
+    trainer.engine.set_schedule(None if controller is None else controller.schedule.budget_pages)
+
+
+def _random_model_dir(name: str) -> Path:
+    from sparrow.models import cache_root
+    from sparrow.random_model import save_random_model
+
+    dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    directory = cache_root() / "models" / f"random-{name}-{dtype}"
+    print(f"random {name} weights ({dtype}) in {directory}", flush=True)
+    return save_random_model(name, directory, dtype)
+
+
+def _set(overrides: list[str], key: str, value: str) -> list[str]:
+    """`overrides` with every assignment to `key` replaced by key=value (Hydra rejects two)."""
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key] + [f"{key}={value}"]
+
+
+def _finite_or_none(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and abs(value) < 10:
+        return f"{value:.3f}"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _write(path: str | None, report: dict) -> None:
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(
+        prog="sparrow-bench step",
+        description=__doc__.split("\n")[0],
+        epilog="Remaining arguments are Hydra overrides (key=value), as for sparrow-train.",
+    )
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p.add_argument("--warmup", action="store_true", help="one short unmeasured step first")
+    p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens of the warm-up step")
+    p.add_argument(
+        "--ignore-eos", action="store_true", help="fixed-length rollouts (on with --random-model)"
+    )
+    p.add_argument(
+        "--random-model",
+        default=None,
+        help="random weights of this shape (qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-debug)",
+    )
+    p.add_argument(
+        "--dense-exact-monitor",
+        action="store_true",
+        help="the dense run pays the exact-acceptance replay too (default: top-K bound only)",
+    )
+    p.add_argument("--profile", type=int, default=0, help="cProfile each step: print top N")
+    args, rest = p.parse_known_args(argv)
+    bad = [a for a in rest if "=" not in a]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)}")
+    if not any(o.split("=", 1)[0] == "preset" for o in rest):
+        rest = [f"preset={DEFAULT_PRESET}", *rest]
+    return args, rest

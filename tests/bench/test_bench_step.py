@@ -1,0 +1,95 @@
+"""`sparrow-bench step` on tiny shapes: both runs finish, the JSON holds the documented keys, and
+the speedups are the ratios of the measured phases (speed itself is not asserted)."""
+
+import json
+
+import pytest
+import torch
+
+from sparrow.bench import cli
+from sparrow.bench.step import _set
+from sparrow.models import ModelConfig, load_model
+from sparrow.random_model import build_random_model, random_model_config, save_random_model
+
+PHASES = ("rollout", "logprobs", "monitor", "update", "sync", "step")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("bench_step")
+    path = tmp_path / "step.json"
+    argv = [
+        "step",
+        "--warmup",
+        "--random-model",  # the GPU script's path: a saved random model, EOS ignored
+        "qwen3-debug",
+        "--json",
+        str(path),
+        "preset=tiny",
+        "schedule=smollm2_long_b32",
+        "schedule.budgets_pages=[3]",  # sink + recent pages only: sparse past 48 tokens
+        "rollout.max_new_tokens=40",
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARROW_CACHE", str(tmp_path / "cache"))
+        assert cli.main(argv) == 0
+    return json.loads(path.read_text())
+
+
+def test_step_bench_runs_sparse_and_dense(report):
+    assert {"sparse", "dense", "rollout_speedup", "step_speedup"} <= report.keys()
+    sparse, dense = report["sparse"], report["dense"]
+    assert sparse["schedule"] == "fixed" and sparse["budgets_pages"] == [3]
+    assert dense["schedule"] == "dense" and dense["budgets_pages"] == []
+    # The dense baseline skips the exact replay (nothing sparse to monitor) unless asked to.
+    assert sparse["exact_monitor"] and not dense["exact_monitor"]
+    for run in (sparse, dense):
+        assert run["completion_tokens"] == 4 * 4 * 40  # 4 prompts x 4 samples, fixed length
+        assert all(run[f"{p}_s"] > 0 for p in PHASES)
+        parts = sum(run[f"{p}_s"] for p in PHASES[:-1])
+        assert parts == pytest.approx(run["step_s"], rel=1e-6)
+        assert run["rollout_tok_s"] == pytest.approx(run["completion_tokens"] / run["rollout_s"])
+    assert sparse["prompt_len_mean"] == dense["prompt_len_mean"]  # same seed, same prompts
+    assert dense["kv_read_ratio"] == 1.0 and sparse["kv_read_ratio"] < 1.0
+    assert sparse["predicted_speedup"] is not None and dense["predicted_speedup"] is None
+    assert 0.0 < sparse["accept_p5_min"] <= 1.0
+
+
+def test_speedups_are_ratios_of_measured_phases(report):
+    sparse, dense = report["sparse"], report["dense"]
+    # Same token counts: the throughput ratios are the time ratios.
+    assert report["rollout_speedup"] == pytest.approx(dense["rollout_s"] / sparse["rollout_s"])
+    assert report["step_speedup"] == pytest.approx(dense["step_s"] / sparse["step_s"])
+    excl = (dense["step_s"] - dense["monitor_s"]) / (sparse["step_s"] - sparse["monitor_s"])
+    assert report["step_speedup_excl_monitor"] == pytest.approx(excl)
+
+
+def test_override_replacement_keeps_one_assignment_per_key():
+    got = _set(
+        ["preset=tiny", "schedule=cpu_online", "+schedule=x", "rl.steps=2"], "schedule", "dense"
+    )
+    assert got == ["preset=tiny", "rl.steps=2", "schedule=dense"]
+
+
+def test_cli_rejects_stray_arguments():
+    with pytest.raises(SystemExit):
+        cli.main(["step", "not-an-override"])
+
+
+def test_qwen3_shapes_match_the_public_configs():
+    cfg = random_model_config("qwen3-1.7b")
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (2048, 28, 16)
+    assert (cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size) == (8, 128, 151936)
+    assert random_model_config("qwen3-8b").tie_word_embeddings is False
+    with pytest.raises(ValueError, match="unknown random model"):
+        random_model_config("qwen3-70b")
+
+
+def test_saved_random_model_loads_as_a_local_checkpoint(tmp_path):
+    directory = save_random_model("qwen3-debug", tmp_path / "m", dtype="float32", seed=3)
+    loaded = load_model(ModelConfig(name=str(directory)))
+    ref = build_random_model("qwen3-debug", torch.float32, seed=3)
+    ids = torch.tensor([[1, 5, 9, 700]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, ref.model(ids).logits)
+    assert loaded.model.config.vocab_size == 1024 and len(loaded.tokenizer) < 1024
