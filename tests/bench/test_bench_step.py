@@ -93,3 +93,16 @@ def test_saved_random_model_loads_as_a_local_checkpoint(tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded.model(ids).logits, ref.model(ids).logits)
     assert loaded.model.config.vocab_size == 1024 and len(loaded.tokenizer) < 1024
+
+
+@pytest.mark.parametrize(("tag", "layers"), [("1p7b", 28), ("4b", 36), ("8b", 36)])
+def test_gpu_presets_compose_with_the_papers_schedules(tag, layers):
+    from sparrow.cli.config_loader import load_config
+
+    cfg = load_config([f"preset=qwen3_{tag}_gpu"])
+    assert cfg.model.dtype == "bfloat16" and cfg.rollout.engine.dtype == "bfloat16"
+    assert cfg.schedule.mode == "fixed" and cfg.schedule.bin_tokens == 2000
+    assert cfg.schedule.budgets_pages[0] == 32  # 512 tokens in the first 2K bin, every size
+    assert cfg.deepspeed.precision == "bf16" and cfg.rollout.max_new_tokens == 32768
+    shape = random_model_config(f"qwen3-{tag.replace('p', '.')}")
+    assert shape.num_hidden_layers == layers
