@@ -5,7 +5,8 @@ Layout of one checkpoint, `root/step_000123/`:
     trainer_state.pt       the trainer's state dict (data position, controller, LoRA, metrics, ...)
     trainer_state.json     its JSON-serialisable part, for people
     rng_rank{r}.pt         python / numpy / torch (/ CUDA) RNG states of rank r
-    COMPLETE               manifest: every other file's size (+ sha256 for small files)
+    COMPLETE               manifest: every other file's size and checksum (sha256 for small
+                           files, CRC-32 for large ones: ~1 GB/s, catches flipped or zeroed bytes)
 
 A checkpoint is written into `step_000123.tmp/`, flushed to disk, marked COMPLETE and only then
 renamed: a crash (SIGKILL included) at any point leaves either the old set of checkpoints or the
@@ -21,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,8 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
-CHECKSUM_MAX_BYTES = 1 << 20  # files up to this size also get a sha256 in the manifest
+CHECKSUM_MAX_BYTES = 1 << 20  # files up to this size get a sha256, larger ones a CRC-32
+_CRC_CHUNK_BYTES = 16 << 20  # read size when checksumming large files
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -151,6 +154,8 @@ def verify(path: Path) -> str | None:
             return f"{file} has {size} bytes, expected {expected['bytes']}"
         if "sha256" in expected and _sha256(file) != expected["sha256"]:
             return f"{file} fails its sha256 check"
+        if "crc32" in expected and _crc32(file) != expected["crc32"]:
+            return f"{file} fails its CRC-32 check"
     return None
 
 
@@ -162,6 +167,8 @@ def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"bytes": file.stat().st_size}
         if entry["bytes"] <= CHECKSUM_MAX_BYTES:
             entry["sha256"] = _sha256(file)
+        else:
+            entry["crc32"] = _crc32(file)
         manifest[str(file.relative_to(directory))] = entry
     for sub in (p for p in directory.rglob("*") if p.is_dir()):
         _fsync_dir(sub)
@@ -170,6 +177,14 @@ def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
 
 def _sha256(file: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def _crc32(file: Path) -> int:
+    crc = 0
+    with open(file, "rb") as f:
+        while chunk := f.read(_CRC_CHUNK_BYTES):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def _write_durably(file: Path, text: str) -> None:

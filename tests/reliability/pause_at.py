@@ -1,0 +1,111 @@
+"""Test-only fault point: run the real sparrow-train and freeze in one phase of one step.
+
+    python tests/reliability/pause_at.py PHASE STEP MARKER_FILE [sparrow-train overrides ...]
+
+PHASE (all of them inside training step STEP):
+    rollout     after the third decode step of the step's first engine.generate call
+    update      inside actor.train_step, after the first micro-batch's backward pass and before
+                the second micro-batch's loss (gradients half accumulated, no optimizer step yet)
+    checkpoint  the actor's DeepSpeed files are written into step_XXXXXX.tmp, no COMPLETE marker
+    rename      the COMPLETE marker is written, the .tmp directory is not yet renamed
+
+On reaching the phase the process writes MARKER_FILE and sleeps, so that a test can SIGKILL it
+exactly there instead of racing a timer. The hooks wrap methods from the outside and call the
+originals unchanged, so a run that never reaches its phase is bit-identical to a plain one; the
+library knows nothing about them.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from sparrow.cli.train import main
+from sparrow.rl.actor import DenseActor
+from sparrow.rl.trainer import GRPOTrainer
+from sparrow.rollout.engine import LLMEngine
+from sparrow.rollout.model_runner import ModelRunner
+
+PHASES = ("rollout", "update", "checkpoint", "rename")
+
+
+class _Run:
+    step = 0  # the training step in flight (1-based, as logged)
+    decodes_in_rollout: int | None = None  # decode calls since the step's first generate
+
+
+def _pause(phase: str, step: int, marker: Path) -> None:
+    tmp = marker.with_suffix(".part")
+    tmp.write_text(json.dumps({"phase": phase, "step": step, "pid": os.getpid()}))
+    os.replace(tmp, marker)
+    while True:  # until SIGKILLed
+        time.sleep(1)
+
+
+def install(phase: str, target: int, marker: Path) -> None:
+    """Wrap the methods that mark PHASE so that step TARGET freezes there."""
+    real_train_step = GRPOTrainer.train_step
+    real_generate = LLMEngine.generate
+    real_decode = ModelRunner.decode
+    real_actor_step = DenseActor.train_step
+    real_save = DenseActor.save_checkpoint
+    real_replace = os.replace
+
+    def train_step(self):
+        _Run.step = self.step + 1
+        _Run.decodes_in_rollout = None
+        return real_train_step(self)
+
+    def generate(self, *args, **kwargs):
+        if phase == "rollout" and _Run.step == target and _Run.decodes_in_rollout is None:
+            _Run.decodes_in_rollout = 0
+        return real_generate(self, *args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        logits = real_decode(self, *args, **kwargs)
+        if _Run.decodes_in_rollout is not None:
+            _Run.decodes_in_rollout += 1
+            if _Run.decodes_in_rollout == 3:
+                _pause(phase, target, marker)
+        return logits
+
+    def actor_step(self, micro_batches, loss_fn, *args, **kwargs):
+        if phase != "update" or _Run.step != target:
+            return real_actor_step(self, micro_batches, loss_fn, *args, **kwargs)
+        if len(micro_batches) < 2:
+            raise SystemExit("pause_at update needs at least two micro-batches")
+        calls = []
+
+        def paused_loss(*loss_args):
+            calls.append(1)
+            if len(calls) == 2:
+                _pause(phase, target, marker)
+            return loss_fn(*loss_args)
+
+        return real_actor_step(self, micro_batches, paused_loss, *args, **kwargs)
+
+    def save_checkpoint(self, directory):
+        real_save(self, directory)
+        if phase == "checkpoint" and _Run.step == target:
+            _pause(phase, target, marker)
+
+    def replace(src, dst, *args, **kwargs):
+        if phase == "rename" and Path(src).name == f"step_{target:06d}.tmp":
+            _pause(phase, target, marker)
+        return real_replace(src, dst, *args, **kwargs)
+
+    GRPOTrainer.train_step = train_step
+    LLMEngine.generate = generate
+    ModelRunner.decode = decode
+    DenseActor.train_step = actor_step
+    DenseActor.save_checkpoint = save_checkpoint
+    os.replace = replace
+
+
+if __name__ == "__main__":
+    phase, step, marker, *overrides = sys.argv[1:]
+    if phase not in PHASES:
+        raise SystemExit(f"unknown phase {phase!r}: expected one of {PHASES}")
+    install(phase, int(step), Path(marker))
+    sys.exit(main(overrides))

@@ -1,0 +1,116 @@
+"""SIGKILL of a real `sparrow-train preset=tiny` in each phase of a step, then `resume=auto`.
+
+One run is killed four times, each time in a different phase (rollout, update, checkpoint write
+before the COMPLETE marker, checkpoint write before the rename) of a different step, and resumed
+by the next launch; the fifth launch finishes. With a checkpoint after every step, each kill must
+cost exactly the step in flight: the next launch resumes from the step before it, never from the
+torn checkpoint, and the finished run must equal an uninterrupted one (every step's loss and
+reward, the final weights byte for byte). The process is frozen in its phase by the test-only
+wrapper pause_at.py, so the kill lands where it claims to, not where a timer happened to be.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparrow.rl.checkpoint import MARKER, verify
+
+ROOT = Path(__file__).resolve().parents[2]
+PAUSE_AT = Path(__file__).with_name("pause_at.py")
+COMMON = ["preset=tiny", "rl.steps=6", "rl.save_every=1", "rl.keep_last=2", "rl.eval.every=0"]
+KILLS = [("rollout", 2), ("update", 3), ("checkpoint", 4), ("rename", 5)]  # (phase, step)
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _launch(cmd: list[str], log: Path) -> subprocess.Popen:
+    # Own session: the kill takes the whole process group, as a lost node would.
+    with open(log.with_suffix(".out"), "w") as out, open(log.with_suffix(".err"), "w") as err:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=ENV, stdout=out, stderr=err, start_new_session=True
+        )
+
+
+def _kill_in_phase(run_dir: Path, phase: str, step: int, log: Path) -> None:
+    marker = log.with_suffix(".paused")
+    cmd = [sys.executable, str(PAUSE_AT), phase, str(step), str(marker), *COMMON]
+    proc = _launch([*cmd, f"run_dir={run_dir}"], log)
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not marker.exists():
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"never reached {phase} of step {step}: {log.with_suffix('.err').read_text()}")
+    assert json.loads(marker.read_text()) == {"phase": phase, "step": step, "pid": proc.pid}
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+
+
+def _rows_by_step(run_dir: Path) -> dict[int, dict]:
+    """The last row logged for each step (a redone step is logged again)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row for row in rows}
+
+
+def _checkpoints(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def _assert_torn_state(run_dir: Path, phase: str, step: int) -> None:
+    """What the kill left on disk: the previous checkpoint intact, step `step` not saved."""
+    previous = run_dir / "checkpoints" / f"step_{step - 1:06d}"
+    assert verify(previous) is None
+    assert not (run_dir / "checkpoints" / f"step_{step:06d}").exists()
+    tmp = run_dir / "checkpoints" / f"step_{step:06d}.tmp"
+    if phase in ("rollout", "update"):
+        assert not tmp.exists()
+        assert max(_rows_by_step(run_dir)) == step - 1  # the step in flight was not logged
+    else:  # a torn checkpoint: the actor's files are there, the marker only before the rename
+        assert (tmp / "actor").is_dir()
+        assert (tmp / MARKER).exists() == (phase == "rename")
+        assert max(_rows_by_step(run_dir)) == step  # logged before the save began
+
+
+@pytest.mark.slow
+def test_sigkill_in_every_phase_loses_only_the_step_in_flight(tmp_path):
+    straight = tmp_path / "straight"
+    proc = _launch(
+        [sys.executable, "-m", "sparrow.cli.train", *COMMON, f"run_dir={straight}"],
+        tmp_path / "straight",
+    )
+    assert proc.wait(timeout=600) == 0, (tmp_path / "straight.err").read_text()[-3000:]
+
+    killed = tmp_path / "killed"
+    for i, (phase, step) in enumerate(KILLS):
+        log = tmp_path / f"launch{i}"
+        _kill_in_phase(killed, phase, step, log)
+        _assert_torn_state(killed, phase, step)
+        if i > 0:  # this launch resumed after the previous kill
+            prev_step = KILLS[i - 1][1]
+            resumed = f"resumed from {killed / 'checkpoints' / f'step_{prev_step - 1:06d}'}"
+            assert f"{resumed} at step {prev_step - 1}" in log.with_suffix(".out").read_text()
+
+    last = tmp_path / "launch_final"
+    proc = _launch([sys.executable, "-m", "sparrow.cli.train", *COMMON, f"run_dir={killed}"], last)
+    assert proc.wait(timeout=600) == 0, last.with_suffix(".err").read_text()[-3000:]
+    out, err = last.with_suffix(".out").read_text(), last.with_suffix(".err").read_text()
+    # The torn step-5 checkpoint (marker written, never renamed) is removed, not loaded.
+    assert f"resumed from {killed / 'checkpoints' / 'step_000004'} at step 4" in out
+    assert f"removing unfinished checkpoint {killed / 'checkpoints' / 'step_000005.tmp'}" in err
+
+    # Nothing lost: every step is logged, with the uninterrupted run's numbers.
+    expected, got = _rows_by_step(straight), _rows_by_step(killed)
+    assert sorted(got) == sorted(expected) == [1, 2, 3, 4, 5, 6]
+    for step in expected:
+        for key in ("loss/loss", "reward/mean", "update/grad_norm", "rollout/tokens"):
+            assert got[step][key] == expected[step][key], (step, key)
+    assert _checkpoints(killed) == _checkpoints(straight) == ["step_000005", "step_000006"]
+    assert verify(killed / "checkpoints" / "step_000006") is None
+    weights = "policy/model.safetensors"
+    assert (killed / weights).read_bytes() == (straight / weights).read_bytes()
