@@ -37,7 +37,8 @@ def compose_dict(overrides: list[str], config_name: str = "config"):
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             return compose(config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as err:
+    # Hydra reports some malformed overrides (e.g. "=3") as a plain ValueError.
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
         raise ConfigError(_one_line(err)) from err
 
 
@@ -47,6 +48,8 @@ def load_config(overrides: list[str]) -> SparrowConfig:
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:  # e.g. a mandatory value (???) left unset
         raise ConfigError(_one_line(err)) from err
+    except ValueError as err:  # a config dataclass's __post_init__ rejected a value
+        raise ConfigError(str(err)) from err
 
 
 def _one_line(err: BaseException) -> str:

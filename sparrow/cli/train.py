@@ -6,6 +6,9 @@
     sparrow-train rl.steps=50 deepspeed.lr=1e-6 schedule=qwen3_1p7b_tau086
 
 Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
+
+Bad input (config, data, a value a component rejects) ends with one line on stderr and exit code
+2; a streak of non-finite updates (rl.max_nonfinite_streak) with one line and exit code 3.
 """
 
 import logging
@@ -39,15 +42,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparrow-train: config error: {err}", file=sys.stderr)
         return 2
 
-    from sparrow.rl.trainer import GRPOTrainer
+    from sparrow.rl.data import DataError
+    from sparrow.rl.trainer import GRPOTrainer, NonFiniteStreak
 
-    trainer = GRPOTrainer(cfg)
+    try:
+        trainer = GRPOTrainer(cfg)
+    except (DataError, ValueError) as err:  # bad input found while loading model, data, parts
+        print(f"sparrow-train: error: {_one_line(err)}", file=sys.stderr)
+        return 2
     if cfg.dry_run:
         print(trainer.plan())
         print("dry run: model and data loaded, stopping before training")
         return 0
-    trainer.fit()
+    try:
+        trainer.fit()
+    except NonFiniteStreak as err:
+        print(f"sparrow-train: stopped: {_one_line(err)}", file=sys.stderr)
+        return 3
     return 0
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 if __name__ == "__main__":
