@@ -1,14 +1,15 @@
 """The run configuration: one typed dataclass tree, composed by Hydra at the CLI edge.
 
 Each component owns its config dataclass (fields documented there); this module only groups them
-the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, deepspeed, logger)
-and adds the run-level fields. Library code receives these dataclasses, never a DictConfig.
+the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, deepspeed, distill,
+logger) and adds the run-level fields. Library code receives these dataclasses, never a DictConfig.
 """
 
 from dataclasses import dataclass, field
 
 from sparrow.acceptance import MonitorConfig
 from sparrow.controller import ControllerConfig
+from sparrow.distill.distill_sparse import DistillConfig
 from sparrow.models import ModelConfig
 from sparrow.rl.actor import ActorConfig
 from sparrow.rl.advantages import AdvantageConfig
@@ -63,6 +64,7 @@ class SparrowConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     deepspeed: ActorConfig = field(default_factory=ActorConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)  # LoRA for the sparse policy
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
     seed: int = 0  # seeds torch, python and numpy (and so sampling) on every rank

@@ -51,7 +51,12 @@ def step_down(budget: int, grid: Sequence[int]) -> int:
 
 
 class FixedController:
-    """Mode `fixed`: never changes the schedule."""
+    """Mode `fixed`: never changes the schedule.
+
+    The configured table wins over a checkpoint's: resuming with another table is how a run
+    switches to a cheaper schedule by hand (the paper's move to the tau 0.80 table once
+    DistillSparse has lifted its tail), as resuming with another `controller.tau` is in mode online.
+    """
 
     def __init__(self, schedule: BudgetSchedule):
         self.schedule = schedule
@@ -64,7 +69,7 @@ class FixedController:
         return {"budgets_pages": list(self.schedule.budgets_pages)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.schedule = self.schedule.with_budgets(state["budgets_pages"])
+        """Nothing to restore: the schedule is the configured one (see the class docstring)."""
 
 
 class OnlineController:

@@ -133,3 +133,21 @@ def test_factory_modes():
     assert smallest.schedule.budgets_pages == (4,)
     sc.mode = "dense"
     assert make_controller(sc, CFG) is None
+
+
+def test_resuming_with_another_table_or_tau_switches_by_hand():
+    # Fixed: the configured table wins over the checkpoint's (a switch to a cheaper table).
+    old = FixedController(BudgetSchedule(W, (16, 32), GRID))
+    new = FixedController(BudgetSchedule(W, (8, 16), GRID))
+    new.load_state_dict(old.state_dict())
+    assert new.schedule.budgets_pages == (8, 16)
+    # Online: budgets come back from the checkpoint, tau from the config: a lower tau lowers them.
+    strict = OnlineController(BudgetSchedule(W, (16,), GRID), CFG)
+    strict.update(_stats({0: OK}))
+    lenient = OnlineController(
+        BudgetSchedule(W, (4,), GRID),
+        ControllerConfig(tau=0.80, margin=0.03, patience=1, min_tokens=10),
+    )
+    lenient.load_state_dict(strict.state_dict())
+    assert lenient.schedule.budgets_pages == (16,)
+    assert lenient.update(_stats({0: OK})).budgets_pages == (8,)  # 0.87 >= 0.80 + margin

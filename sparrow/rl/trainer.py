@@ -35,6 +35,7 @@ from sparrow.batch import RolloutBatch, collate_rollouts
 from sparrow.config import SparrowConfig
 from sparrow.controller import make_controller
 from sparrow.cost_model import CostConfig, ModelShape, predicted_speedup
+from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models import load_model
 from sparrow.rl.actor import DenseActor, split_micro_batches
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
@@ -63,6 +64,12 @@ class GRPOTrainer:
         self.tokenizer = loaded.tokenizer
         # The engine copies the weights it needs (synced from the actor after every update).
         self.engine = LLMEngine(loaded.model, self.tokenizer, cfg.rollout.engine)
+        # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
+        self.distill = (
+            DistillSparse(cfg.distill, loaded.model, self.engine.runner.kv.cfg, cfg.deepspeed.lr)
+            if cfg.distill.enabled and cfg.schedule.mode != "dense"
+            else None
+        )
         self.actor = DenseActor(loaded.model, cfg.deepspeed)
         self.rank, self.world = self.actor.rank, self.actor.world_size
         self.run_dir = Path(cfg.run_dir)
@@ -198,13 +205,24 @@ class GRPOTrainer:
         update |= {k: self._global_extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
         self._check_nonfinite(update)
         t_update = time.perf_counter()
-        self.engine.update_weights(self.actor.gathered_state_dict())
+        if self.distill is not None:  # step 5: the adapter, on the frozen updated theta
+            self.distill.load_base(self.actor.gathered_state_dict())
+            update |= self.distill.step(
+                batch, dense.token_logprobs, train_batch["advantages"], temperature, num_tokens
+            )
+        t_distill = time.perf_counter()
+        self._sync_engine()
         t_sync = time.perf_counter()
 
         metrics = rollout_metrics(batch, scores, outputs, self._global_mean)
         metrics |= accept_metrics | speedup
         metrics |= {
-            f"loss/{k}" if k in ("loss", "pg_loss") else f"update/{k}": v for k, v in update.items()
+            k
+            if k.startswith("distill/")
+            else f"loss/{k}"
+            if k in ("loss", "pg_loss")
+            else f"update/{k}": v
+            for k, v in update.items()
         }
         metrics |= scores.stats.as_metrics()
         metrics |= {
@@ -212,7 +230,8 @@ class GRPOTrainer:
             "time/logprobs_s": t_logprobs - t_probe,
             "time/monitor_s": t_monitor - t_logprobs + t_probe - t_rollout,
             "time/update_s": t_update - t_monitor,
-            "time/sync_s": t_sync - t_update,
+            "time/distill_s": t_distill - t_update,
+            "time/sync_s": t_sync - t_distill,
             "time/step_s": t_sync - t0,
         }
         return metrics
@@ -225,6 +244,8 @@ class GRPOTrainer:
         fraction = self.cfg.monitor.noise_floor_fraction
         if self.controller is None or fraction <= 0:
             return 0  # dense mode: every sequence already measures the floor
+        if self.distill is not None:
+            return 0  # the engine holds theta + phi: a dense rollout would not be the dense policy
         return min(num_prompts - 1, max(1, round(fraction * num_prompts)))
 
     def _rollout_schedules(self, num_prompts: int, n_floor: int) -> list | None:
@@ -360,6 +381,13 @@ class GRPOTrainer:
         full = self._global_sum(dense_pages[mask].sum())
         return {"kv_read_ratio": read / max(full, 1.0)}
 
+    def _sync_engine(self) -> None:
+        """The rollout policy's weights into the engine: theta, or theta + phi merged."""
+        if self.distill is None:
+            self.engine.update_weights(self.actor.gathered_state_dict())
+        else:
+            self.engine.update_weights(self.distill.merged_state_dict())
+
     def _push_schedule(self) -> None:
         # No controller means schedule.mode=dense: the engine attends densely.
         budget = None if self.controller is None else self.controller.schedule.budget_pages
@@ -369,9 +397,13 @@ class GRPOTrainer:
         ecfg = self.cfg.rl.eval
         prompts = self.eval_data.prompts[: ecfg.num_prompts][self.rank :: self.world]
         params = SamplingParams(temperature=ecfg.temperature, max_tokens=ecfg.max_new_tokens)
-        # The dense policy is what is trained and scored: evaluate without sparsity.
+        # The dense policy is what is trained and scored: evaluate without sparsity (and, with
+        # DistillSparse, without the adapter).
         self.engine.set_schedule(None)
+        if self.distill is not None:
+            self.engine.update_weights(self.actor.gathered_state_dict())
         result, correct = evaluate(self.engine, self.reward, prompts, params, self._global_sum)
+        self._sync_engine()
         self._push_schedule()
         result |= self._paired_delta(correct)
         if self.rank == 0:
@@ -421,6 +453,7 @@ class GRPOTrainer:
             "engine_generate_calls": self.engine.num_generate_calls,
             "nonfinite_streak": self.nonfinite_streak,
             "first_eval": self._first_eval,
+            "distill": None if self.distill is None else self.distill.state_dict(),
         }
 
     def save(self) -> Path:
@@ -443,7 +476,11 @@ class GRPOTrainer:
         self.nonfinite_streak = state["nonfinite_streak"]
         self._first_eval = state.get("first_eval")
         self.step = loaded.step
-        self.engine.update_weights(self.actor.gathered_state_dict())
+        if self.distill is not None:
+            if state.get("distill") is not None:
+                self.distill.load_state_dict(state["distill"])
+            self.distill.load_base(self.actor.gathered_state_dict())
+        self._sync_engine()
         self._push_schedule()
         if self.rank == 0:
             print(f"resumed from {path} at step {self.step}", flush=True)

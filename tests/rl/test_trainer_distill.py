@@ -1,0 +1,74 @@
+"""DistillSparse inside the GRPO loop (tiny model): the adapter trains after the dense update, the
+engine samples from theta + phi, evaluation uses theta alone, and a checkpoint restores phi."""
+
+import pytest
+import torch
+
+from sparrow.cli.config_loader import load_config
+from sparrow.rl.trainer import GRPOTrainer
+
+OVERRIDES = [
+    "preset=tiny",
+    "distill=default",
+    "distill.lr_factor=100",  # a visible adapter after one step
+    "rollout.engine.page_size=4",
+    "schedule.page_size=4",
+    "schedule.mode=fixed",
+    "schedule.budgets_pages=[3]",
+    "rl.eval.every=0",
+    "rl.steps=1",
+]
+
+
+def _engine_weight(trainer, name: str) -> torch.Tensor:
+    return trainer.engine.runner.model._parameter_views()[name].clone()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    trainer = GRPOTrainer(load_config([*OVERRIDES, f"run_dir={run_dir}"]))
+    metrics = trainer.train_step()
+    trainer.step = 1
+    trainer.save()
+    return trainer, metrics, run_dir
+
+
+def test_adapter_trains_and_engine_samples_from_theta_plus_phi(trained):
+    trainer, metrics, _ = trained
+    assert metrics["distill/grad_norm"] > 0 and metrics["time/distill_s"] > 0
+    name = "model.layers.0.self_attn.q_proj.weight"
+    theta = trainer.actor.gathered_state_dict()[name]
+    merged = trainer.distill.merged_state_dict()[name]
+    assert not torch.allclose(theta, merged)  # phi moved
+    assert torch.equal(_engine_weight(trainer, name), merged)
+
+
+def test_evaluation_uses_theta_and_restores_the_rollout_weights(trained):
+    trainer, _, _ = trained
+    name = "model.layers.1.mlp.down_proj.weight"
+    seen = []
+    engine_generate = trainer.engine.generate
+
+    def spy(*args, **kwargs):
+        seen.append(_engine_weight(trainer, name))
+        return engine_generate(*args, **kwargs)
+
+    trainer.engine.generate = spy
+    try:
+        trainer._evaluate()
+    finally:
+        trainer.engine.generate = engine_generate
+    assert torch.equal(seen[0], trainer.actor.gathered_state_dict()[name])
+    assert torch.equal(_engine_weight(trainer, name), trainer.distill.merged_state_dict()[name])
+
+
+def test_resume_restores_the_adapter(trained):
+    trainer, _, run_dir = trained
+    resumed = GRPOTrainer(load_config([*OVERRIDES, f"run_dir={run_dir}", "rl.steps=2"]))
+    resumed._maybe_resume()
+    assert resumed.step == 1 and resumed.distill.num_steps == 1
+    for key, value in trainer.distill.merged_state_dict().items():
+        assert torch.equal(resumed.distill.merged_state_dict()[key], value), key
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(_engine_weight(resumed, name), trainer.distill.merged_state_dict()[name])
