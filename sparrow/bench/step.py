@@ -10,7 +10,8 @@ composes it; `preset=bench_step_cpu` unless a preset is given): once as configur
 once with `schedule=dense`, same seed, hence the same prompts and sampler seeds. Each runs
 `GRPOTrainer.train_step()` once (after an optional short warm-up step) and reports its phases:
 rollout (generate + rewards), dense log-probs, monitor (acceptance, exact replay if
-`monitor.exact`, controller), update, weight sync.
+`monitor.exact`, controller), update, DistillSparse, weight sync: every `time/<phase>_s` the
+trainer reports, in its order.
 
 The exact-acceptance replay is monitoring overhead the sparse policy needs; a dense-only trainer
 has nothing to monitor, so by default the dense run sets `monitor.exact=false` (it still computes
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-PHASES = ("rollout", "logprobs", "monitor", "update", "sync", "step")
+TIME_PREFIX, TIME_SUFFIX = "time/", "_s"  # the trainer's per-phase seconds: time/<phase>_s
 DEFAULT_PRESET = "bench_step_cpu"
 
 
@@ -115,7 +116,12 @@ def run_step(cfg, args, label: str) -> dict:
 def summarize(metrics: dict, gen_stats) -> dict:
     """Phase seconds, token counts and rates, KV-read ratio, acceptance and the predicted speedup
     from one `train_step()`'s metrics and the rollout's `GenerateStats`."""
-    out = {f"{p}_s": metrics[f"time/{p}_s"] for p in PHASES}
+    phases = [
+        k.removeprefix(TIME_PREFIX).removesuffix(TIME_SUFFIX)
+        for k in metrics
+        if k.startswith(TIME_PREFIX) and k.endswith(TIME_SUFFIX)
+    ]  # in the step's order, "step" (the total) last
+    out = {f"{p}_s": metrics[f"{TIME_PREFIX}{p}{TIME_SUFFIX}"] for p in phases}
     tokens = metrics["rollout/tokens"]
     out |= {
         "completion_tokens": tokens,
@@ -132,7 +138,7 @@ def summarize(metrics: dict, gen_stats) -> dict:
         "accept_topk_p5_min": metrics.get("accept_topk/p5_min"),
         "predicted_speedup": metrics.get("speedup/predicted"),
     }
-    return {k: _finite_or_none(v) for k, v in out.items()}
+    return {k: _finite_or_none(v) for k, v in out.items()} | {"phases": phases}
 
 
 def speedups(sparse: dict, dense: dict) -> dict:
@@ -151,7 +157,7 @@ def speedups(sparse: dict, dense: dict) -> dict:
 
 def print_table(report: dict) -> None:
     sparse, dense = report["sparse"], report["dense"]
-    rows = [(f"{p} s", f"{p}_s", "time") for p in PHASES]
+    rows = [(f"{p} s", f"{p}_s", "time") for p in sparse["phases"]]
     rows += [
         ("step w/o monitor s", "step_excl_monitor_s", "time"),
         ("  prefill s (engine)", "prefill_s", "time"),

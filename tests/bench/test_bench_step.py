@@ -11,8 +11,6 @@ from sparrow.bench.step import _set
 from sparrow.models import ModelConfig, load_model
 from sparrow.random_model import build_random_model, random_model_config, save_random_model
 
-PHASES = ("rollout", "logprobs", "monitor", "update", "sync", "step")
-
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
@@ -45,9 +43,10 @@ def test_step_bench_runs_sparse_and_dense(report):
     assert sparse["exact_monitor"] and not dense["exact_monitor"]
     for run in (sparse, dense):
         assert run["completion_tokens"] == 4 * 4 * 40  # 4 prompts x 4 samples, fixed length
-        assert all(run[f"{p}_s"] > 0 for p in PHASES)
-        parts = sum(run[f"{p}_s"] for p in PHASES[:-1])
-        assert parts == pytest.approx(run["step_s"], rel=1e-6)
+        assert {"rollout", "logprobs", "monitor", "update", "sync"} <= set(run["phases"])
+        assert run["phases"][-1] == "step" and all(run[f"{p}_s"] >= 0 for p in run["phases"])
+        parts = sum(run[f"{p}_s"] for p in run["phases"][:-1])
+        assert parts == pytest.approx(run["step_s"], abs=1e-4)  # the phases tile the step
         assert run["rollout_tok_s"] == pytest.approx(run["completion_tokens"] / run["rollout_s"])
     assert sparse["prompt_len_mean"] == dense["prompt_len_mean"]  # same seed, same prompts
     assert dense["kv_read_ratio"] == 1.0 and sparse["kv_read_ratio"] < 1.0
