@@ -10,7 +10,7 @@ from sparrow.distill import DistillConfig
 CONF = Path(__file__).resolve().parents[2] / "conf" / "distill"
 
 
-@pytest.mark.parametrize("name,enabled", [("off", False), ("default", True)])
+@pytest.mark.parametrize("name,enabled", [("disabled", False), ("default", True)])
 def test_group_files_validate(name, enabled):
     merged = OmegaConf.merge(
         OmegaConf.structured(DistillConfig), OmegaConf.load(CONF / f"{name}.yaml")
