@@ -16,8 +16,11 @@ trainer reports, in its order.
 The exact-acceptance replay is monitoring overhead the sparse policy needs; a dense-only trainer
 has nothing to monitor, so by default the dense run sets `monitor.exact=false` (it still computes
 the top-K bound, which costs next to nothing); `--dense-exact-monitor` makes it pay the replay
-too. Speedups are throughput ratios (completion tokens per second), equal to time ratios when
-both runs generate the same number of tokens (always with EOS ignored):
+too. Both runs leave out the trainer's dense probes unless overridden (MEASURE_DEFAULTS: the
+noise-floor share of prompts rolled out densely, the periodic timed dense re-rollout).
+
+Speedups are throughput ratios (completion tokens per second), equal to time ratios when both
+runs generate the same number of tokens (always with EOS ignored):
 rollout_speedup = sparse rollout tok/s / dense rollout tok/s, step_speedup likewise over the
 whole step, step_speedup_excl_monitor without the monitor phase of either run.
 """
@@ -37,6 +40,9 @@ import torch
 
 TIME_PREFIX, TIME_SUFFIX = "time/", "_s"  # the trainer's per-phase seconds: time/<phase>_s
 DEFAULT_PRESET = "bench_step_cpu"
+# Both runs, unless overridden: no dense share in the sparse rollout (noise-floor prompts) and no
+# timed dense re-rollout, so the sparse run measures the sparse policy alone.
+MEASURE_DEFAULTS = {"monitor.noise_floor_fraction": 0, "monitor.speedup_every": 0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.random_model:
         overrides = _set(overrides, "model.name", str(_random_model_dir(args.random_model)))
+    for key, value in MEASURE_DEFAULTS.items():
+        if not any(_key(o) == key for o in overrides):
+            overrides = [*overrides, f"{key}={value}"]
     runs = {
         "sparse": overrides,
         "dense": _set(overrides, "schedule", "dense")
@@ -212,7 +221,11 @@ def _random_model_dir(name: str) -> Path:
 
 def _set(overrides: list[str], key: str, value: str) -> list[str]:
     """`overrides` with every assignment to `key` replaced by key=value (Hydra rejects two)."""
-    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key] + [f"{key}={value}"]
+    return [o for o in overrides if _key(o) != key] + [f"{key}={value}"]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _finite_or_none(value):
@@ -264,6 +277,6 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     bad = [a for a in rest if "=" not in a]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)}")
-    if not any(o.split("=", 1)[0] == "preset" for o in rest):
+    if not any(_key(o) == "preset" for o in rest):
         rest = [f"preset={DEFAULT_PRESET}", *rest]
     return args, rest

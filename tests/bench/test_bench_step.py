@@ -41,6 +41,8 @@ def test_step_bench_runs_sparse_and_dense(report):
     assert dense["schedule"] == "dense" and dense["budgets_pages"] == []
     # The dense baseline skips the exact replay (nothing sparse to monitor) unless asked to.
     assert sparse["exact_monitor"] and not dense["exact_monitor"]
+    # No dense noise-floor share in the sparse rollout (preset=tiny would roll out 1 of 4 densely).
+    assert "monitor.noise_floor_fraction=0" in report["config"]["overrides"]
     for run in (sparse, dense):
         assert run["completion_tokens"] == 4 * 4 * 40  # 4 prompts x 4 samples, fixed length
         assert {"rollout", "logprobs", "monitor", "update", "sync"} <= set(run["phases"])
