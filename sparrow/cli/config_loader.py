@@ -8,6 +8,7 @@ that turns a DictConfig into dataclasses.
 import os
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
@@ -37,6 +38,8 @@ def compose_dict(overrides: list[str], config_name: str = "config"):
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             return compose(config_name, overrides=overrides)
+    except yaml.YAMLError as err:  # a broken file under conf/: the message names it and the line
+        raise ConfigError(f"malformed YAML: {' '.join(str(err).split())}") from err
     # Hydra reports some malformed overrides (e.g. "=3") as a plain ValueError.
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         raise ConfigError(_one_line(err)) from err

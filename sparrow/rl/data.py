@@ -29,7 +29,7 @@ class DataError(ValueError):
 
 @dataclass
 class DataConfig:
-    source: str = "tasks"  # "tasks" (embedded generator), a local file/directory, or a hub name
+    source: str | None = "tasks"  # "tasks" (generator), a local file or directory, a hub name
     split: str = "train"  # dataset split; for "tasks": "train" or "heldout"
     subset: str | None = None  # hub dataset configuration name (e.g. "main" for gsm8k)
     prompt_column: str = "prompt"  # column with the user message (string or chat messages)
@@ -57,7 +57,7 @@ class PromptDataset:
     split: str
     num_rows: int  # rows in the source before length filtering
     num_skipped_too_long: int  # rows dropped for exceeding max_prompt_tokens
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # the limit applied: data.max_prompt_tokens or the context room
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -73,8 +73,18 @@ class PromptDataset:
         )
 
 
-def load_prompts(cfg: DataConfig, tokenizer) -> PromptDataset:
-    """Load `cfg.source`, map its columns, template and tokenize, and drop too-long prompts."""
+def load_prompts(cfg: DataConfig, tokenizer, context_tokens: int | None = None) -> PromptDataset:
+    """Load `cfg.source`, map its columns, template and tokenize, and drop too-long prompts.
+
+    `context_tokens`: what a prompt may use of the model's and the engine's context window (the
+    window minus the completion cap); prompts over min(cfg.max_prompt_tokens, context_tokens)
+    are skipped and counted, so that one long row cannot end a run inside the engine.
+    """
+    if cfg.source is None:
+        raise DataError("data.source is not set: give a file, e.g. data.source=train.jsonl")
+    limit = cfg.max_prompt_tokens
+    if context_tokens is not None:
+        limit = min(limit, context_tokens)
     rows, columns, source = _load_rows(cfg)
     if len(rows) == 0:
         raise DataError(f"dataset {source} (split {cfg.split!r}) is empty")
@@ -97,7 +107,7 @@ def load_prompts(cfg: DataConfig, tokenizer) -> PromptDataset:
     token_ids = tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"]
     prompts = []
     for i, (row, text, ids) in enumerate(zip(rows, texts, token_ids, strict=True)):
-        if len(ids) > cfg.max_prompt_tokens:
+        if len(ids) > limit:
             continue
         answer = row[cfg.answer_column]
         if answer is None:
@@ -109,13 +119,13 @@ def load_prompts(cfg: DataConfig, tokenizer) -> PromptDataset:
             metadata = {"id": row["id"], "task": row["task"], **row["metadata"]}
         prompts.append(Prompt(i, text, list(ids), str(answer), metadata))
     if not prompts:
+        why = f"data.max_prompt_tokens={cfg.max_prompt_tokens}"
+        if context_tokens is not None:
+            why += f"; {context_tokens} tokens left by the context window"
         raise DataError(
-            f"all {len(rows)} prompts of {source} are longer than "
-            f"data.max_prompt_tokens={cfg.max_prompt_tokens}"
+            f"all {len(rows)} prompts of {source} are longer than {limit} tokens ({why})"
         )
-    return PromptDataset(
-        prompts, source, cfg.split, len(rows), len(rows) - len(prompts), cfg.max_prompt_tokens
-    )
+    return PromptDataset(prompts, source, cfg.split, len(rows), len(rows) - len(prompts), limit)
 
 
 def _load_rows(cfg: DataConfig) -> tuple[list[dict], set[str], str]:
@@ -147,8 +157,13 @@ def _load_rows(cfg: DataConfig) -> tuple[list[dict], set[str], str]:
             # A data directory or a hub name (`subset` picks the hub configuration).
             table = datasets.load_dataset(cfg.source, cfg.subset, split=cfg.split)
     except Exception as e:
+        root = e  # datasets wraps parse errors: the innermost one says what is wrong, and where
+        while (root.__cause__ or root.__context__) is not None:
+            root = root.__cause__ or root.__context__
+        detail = "" if root is e else f" ({type(root).__name__}: {root})"
         raise DataError(
-            f"could not load dataset {cfg.source!r} (split {cfg.split!r}): {type(e).__name__}: {e}"
+            f"could not load dataset {cfg.source!r} (split {cfg.split!r}): "
+            f"{type(e).__name__}: {e}{detail}"
         ) from e
     return table.to_list(), set(table.column_names), cfg.source
 

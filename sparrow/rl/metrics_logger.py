@@ -25,6 +25,10 @@ class WandbConfig:
     name: str | None = None  # run name; None = the run directory's name
     init_timeout_s: float = 30.0  # how long wandb.init may try to reach the server
 
+    def __post_init__(self):
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"logger.wandb.mode={self.mode!r}: expected one of {WANDB_MODES}")
+
 
 @dataclass
 class LoggerConfig:
@@ -83,8 +87,6 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def _init_wandb(cfg: WandbConfig, run_dir: Path, config_dict: dict):
-    if cfg.mode not in WANDB_MODES:
-        raise ValueError(f"logger.wandb.mode={cfg.mode!r}: expected one of {WANDB_MODES}")
     if cfg.mode == "disabled":
         return None
     import wandb

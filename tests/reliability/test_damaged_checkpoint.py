@@ -19,7 +19,10 @@ import pytest
 from sparrow.rl.checkpoint import CHECKSUM_MAX_BYTES, MARKER, CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+# A fresh single-process run: no rendezvous variables left by in-process tests.
+_DIST = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+ENV = {k: v for k, v in os.environ.items() if k not in _DIST}
+ENV |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 COMMON = ["preset=tiny", "rl.steps=2", "rl.save_every=1", "rl.keep_last=3", "rl.eval.every=0"]
 ACTOR_FILE = "actor/deepspeed/mp_rank_00_model_states.pt"  # ZeRO-0: weights + optimizer
 

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = Path(__file__).with_name("pause_at.py")
 COMMON = ["preset=tiny", "rl.steps=6", "rl.save_every=1", "rl.keep_last=2", "rl.eval.every=0"]
 KILLS = [("rollout", 2), ("update", 3), ("checkpoint", 4), ("rename", 5)]  # (phase, step)
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+# A fresh single-process run: no rendezvous variables left by in-process tests.
+_DIST = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+ENV = {k: v for k, v in os.environ.items() if k not in _DIST}
+ENV |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _launch(cmd: list[str], log: Path) -> subprocess.Popen:
