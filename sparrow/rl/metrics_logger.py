@@ -111,7 +111,12 @@ def _init_wandb(cfg: WandbConfig, run_dir: Path, config_dict: dict):
     except Exception as err:  # network errors surface as several wandb exception types
         if mode != "online":
             raise
-        log.warning("W&B online init failed (%s): logging offline instead", err)
+        log.warning(
+            "W&B online init failed (%s): logging offline instead", " ".join(str(err).split())
+        )
+        # The failed attempt keeps the run id registered with the wandb service ("run ID ... is
+        # in use"): shut the service down so that the offline run can take the same id.
+        wandb.teardown()
         return wandb.init(mode="offline", **kwargs)
 
 
