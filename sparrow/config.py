@@ -28,6 +28,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus mass; < 1 makes log-probs truncated (full-vocab ones are kept)
     top_k: int | None = None  # keep the k most likely tokens; None keeps all
     max_new_tokens: int = 48  # completion length cap
+    ignore_eos: bool = False  # generate max_new_tokens always (fixed-length benchmarks)
     progress: bool = True  # tqdm bar over the rollout
 
 

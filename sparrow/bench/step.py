@@ -82,10 +82,9 @@ def run_step(cfg, args, label: str) -> dict:
 
     print(f"\n== {label}: building the trainer ({cfg.model.name}, schedule {cfg.schedule.mode})")
     start = time.perf_counter()
-    trainer = GRPOTrainer(cfg)
-    _engine_on_actor_device(trainer)
     if args.ignore_eos or args.random_model:
-        trainer.sampling = replace(trainer.sampling, ignore_eos=True)
+        cfg = replace(cfg, rollout=replace(cfg.rollout, ignore_eos=True))
+    trainer = GRPOTrainer(cfg)
     build_s = time.perf_counter() - start
     if args.warmup:
         measured = trainer.sampling
@@ -193,20 +192,6 @@ def print_table(report: dict) -> None:
         f"{report['step_speedup']:.2f}x ({report['step_speedup_excl_monitor']:.2f}x without the "
         f"monitor phase); dense run exact monitor: {dense['exact_monitor']}"
     )
-
-
-def _engine_on_actor_device(trainer) -> None:
-    """On a GPU machine the trainer builds its engine from the freshly loaded (CPU) model; rebuild
-    it from the actor's model, which DeepSpeed has moved to the GPU, so rollouts run there."""
-    from sparrow.rollout.engine import LLMEngine
-
-    device = next(trainer.actor.model.parameters()).device
-    if device == trainer.engine.runner.device:
-        return
-    print(f"   rebuilding the rollout engine on {device} (the trainer built it on CPU)")
-    trainer.engine = LLMEngine(trainer.actor.model, trainer.tokenizer, trainer.cfg.rollout.engine)
-    controller = trainer.controller
-    trainer.engine.set_schedule(None if controller is None else controller.schedule.budget_pages)
 
 
 def _random_model_dir(name: str) -> Path:

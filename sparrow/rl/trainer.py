@@ -18,6 +18,7 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -62,6 +63,10 @@ class GRPOTrainer:
         torch.manual_seed(cfg.seed)
         loaded = load_model(cfg.model)
         self.tokenizer = loaded.tokenizer
+        if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+            loaded.model.to(device)
         # The engine copies the weights it needs (synced from the actor after every update).
         self.engine = LLMEngine(loaded.model, self.tokenizer, cfg.rollout.engine)
         # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
@@ -92,6 +97,7 @@ class GRPOTrainer:
             top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k,
             max_tokens=cfg.rollout.max_new_tokens,
+            ignore_eos=cfg.rollout.ignore_eos,
         )
         self.reward = build_reward(cfg.rl.reward)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
