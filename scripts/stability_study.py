@@ -1,0 +1,408 @@
+"""The stability study (issue 10): does training with sparse rollouts track dense training when the
+tail acceptance p5 is held above tau, and does it degrade below?
+
+The same setup (conf/preset/stability.yaml: SmolLM2 on the long-context task, one seed, one data
+order) is trained once per schedule, each run a `sparrow-train` process in runs/stability/<name>,
+one after another (a 2-core CPU fits one at a time). `resume=auto` is on, so invoking the command
+again continues an interrupted run and skips a run whose final checkpoint exists. At the end (or
+with --report) `sparrow-report` overlays the runs and a markdown table goes into
+docs/stability/README.md (between its study-table markers).
+
+    python scripts/stability_study.py --background       # start (or continue) in the background
+    python scripts/stability_study.py --status           # one status line per run
+    python scripts/stability_study.py --report           # table and plots from what is logged
+    python scripts/stability_study.py --distill          # also 0.80 + DistillSparse
+    python scripts/stability_study.py --short            # shorter documents (~800-token prompts)
+    python scripts/stability_study.py --preset tiny --runs dense,tau086 -- rl.steps=2
+
+Arguments after `--` are Hydra overrides handed to every run.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparrow.cli.config_loader import ConfigError, compose_dict
+from sparrow.cli.report import main as report_main
+from sparrow.rl.checkpoint import verify
+from sparrow.rl.metrics_logger import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE_BEGIN = "<!-- study-table:begin -->"
+TABLE_END = "<!-- study-table:end -->"
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    name: str  # run directory name under the study root
+    overrides: tuple[str, ...]  # Hydra overrides on top of the preset
+    setting: str  # one line for the table
+
+
+RUNS = (
+    StudyRun("dense", ("schedule.mode=dense",), "dense rollouts"),
+    StudyRun("tau092", ("schedule.mode=online", "controller.tau=0.92"), "online, tau 0.92"),
+    StudyRun("tau086", ("schedule.mode=online", "controller.tau=0.86"), "online, tau 0.86"),
+    StudyRun("tau080", ("schedule.mode=online", "controller.tau=0.80"), "online, tau 0.80"),
+    # 8 pages = 128 tokens: p5 ~0.59 on SmolLM2 at 2K context (DESIGN.md §5), far below 0.75.
+    StudyRun(
+        "fixed_b8",
+        ("schedule.mode=fixed", "schedule.budgets_pages=[8]"),
+        "fixed 8 pages (128 tokens)",
+    ),
+)
+DISTILL_RUN = StudyRun(
+    "tau080_distill",
+    ("schedule.mode=online", "controller.tau=0.80", "distill=default"),
+    "online, tau 0.80 + DistillSparse",
+)
+# The alternative if the long documents give no learning signal in budget: ~600 words (~800
+# tokens) per document, so a step can afford more prompts.
+SHORT_OVERRIDES = ("data.tasks.context_words=600", "rl.prompts_per_step=4")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = _parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    root = args.root or REPO / ("runs/stability_short" if args.short else "runs/stability")
+    runs = _select_runs(args)
+    overrides = [f"preset={args.preset}", *(SHORT_OVERRIDES if args.short else ()), *extra]
+    try:
+        steps = {r.name: _total_steps(overrides, r) for r in runs}
+    except ConfigError as err:
+        print(f"stability_study: config error: {err}", file=sys.stderr)
+        return 2
+    if args.background:
+        return _start_background(root, [a for a in argv if a != "--background"])
+    if args.status:
+        for run in runs:
+            print(_status_line(root, run, steps[run.name]))
+        return 0
+    if not args.report:
+        code = _run_all(root, runs, overrides, steps)
+        if code:
+            return code
+    write_report(root, runs, steps, args.docs or REPO / "docs/stability")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stability_study", description=__doc__.splitlines()[0], usage=__doc__
+    )
+    p.add_argument("--preset", default="stability", help="Hydra preset shared by all runs")
+    p.add_argument("--root", type=Path, default=None, help="study root (runs/stability)")
+    p.add_argument("--docs", type=Path, default=None, help="README + plots (docs/stability)")
+    p.add_argument("--runs", default=None, help="comma-separated run names (default: all)")
+    p.add_argument("--distill", action="store_true", help="add tau 0.80 + DistillSparse")
+    p.add_argument("--short", action="store_true", help="~800-token documents, 4 prompts/step")
+    p.add_argument("--report", action="store_true", help="only write the table and plots")
+    p.add_argument("--status", action="store_true", help="print one line per run and exit")
+    p.add_argument("--background", action="store_true", help="detach; log to ROOT/study.log")
+    return p
+
+
+def _select_runs(args) -> list[StudyRun]:
+    known = [*RUNS, DISTILL_RUN]
+    if args.runs is None:
+        return [*RUNS, DISTILL_RUN] if args.distill else list(RUNS)
+    names = args.runs.split(",")
+    unknown = sorted(set(names) - {r.name for r in known})
+    if unknown:
+        raise SystemExit(
+            f"stability_study: unknown runs {unknown}; known: {[r.name for r in known]}"
+        )
+    return [r for r in known if r.name in names]
+
+
+def _run_overrides(root: Path, overrides: list[str], run: StudyRun) -> list[str]:
+    # The run's own settings come after the shared ones, so they win.
+    return [*overrides, *run.overrides, f"run_dir={root / run.name}", "resume=auto"]
+
+
+def _total_steps(overrides: list[str], run: StudyRun) -> int:
+    """rl.steps of the composed config (also catches a bad override before anything starts)."""
+    return int(compose_dict(_run_overrides(Path("."), overrides, run)).rl.steps)
+
+
+def final_checkpoint(run_dir: Path, steps: int) -> Path | None:
+    """The run's final checkpoint when it is complete and intact, else None."""
+    path = run_dir / "checkpoints" / f"step_{steps:06d}"
+    return path if path.is_dir() and verify(path) is None else None
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+def _run_all(root: Path, runs: list[StudyRun], overrides: list[str], steps: dict) -> int:
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / "study.pid"
+    if lock.exists() and _alive(int(lock.read_text() or 0)):
+        print(f"stability_study: already running (pid {lock.read_text()})", file=sys.stderr)
+        return 2
+    lock.write_text(str(os.getpid()))
+    try:
+        for run in runs:
+            _run_one(root, run, overrides, steps[run.name])
+    finally:
+        lock.unlink(missing_ok=True)
+    return 0
+
+
+def _run_one(root: Path, run: StudyRun, overrides: list[str], steps: int) -> None:
+    run_dir = root / run.name
+    if final_checkpoint(run_dir, steps) is not None:
+        _record(root, run, "skipped", f"final checkpoint step {steps} exists", 0.0)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "sparrow.cli.train", *_run_overrides(root, overrides, run)]
+    _record(root, run, "started", " ".join(cmd[3:]), 0.0)
+    t0 = time.monotonic()
+    with open(run_dir / "console.log", "a") as log:
+        log.write(f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} {cmd}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C or SIGTERM: stop the run too; resume=auto continues it
+            proc.terminate()
+            proc.wait()
+            _record(root, run, "interrupted", "", time.monotonic() - t0)
+            raise
+    wall = time.monotonic() - t0
+    if rc == 0 and final_checkpoint(run_dir, steps) is not None:
+        _record(root, run, "done", f"{steps} steps", wall)
+    else:
+        _record(root, run, "failed", f"exit code {rc}, see {run_dir / 'console.log'}", wall)
+
+
+def _record(root: Path, run: StudyRun, status: str, detail: str, wall_s: float) -> None:
+    """One status line on stdout and in ROOT/status.jsonl (which keeps each invocation's wall)."""
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    print(f"{now} {run.name}: {status} {detail} ({wall_s / 60:.1f} min)".rstrip(), flush=True)
+    row = {"time": now, "run": run.name, "status": status, "detail": detail, "wall_s": wall_s}
+    with open(root / "status.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _status_line(root: Path, run: StudyRun, steps: int) -> str:
+    rows = _rows_by_step(root / run.name)
+    done = max(rows, default=0)
+    state = "complete" if final_checkpoint(root / run.name, steps) else "incomplete"
+    return (
+        f"{run.name}: {state}, {done}/{steps} steps logged, {_wall_s(root, run.name) / 3600:.2f} h"
+    )
+
+
+def _start_background(root: Path, argv: list[str]) -> int:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "study.log", "a") as log:  # the child holds its own copy of the file
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # survives the terminal; its runs go one after another
+            cwd=REPO,
+        )
+    print(f"stability study running in the background (pid {proc.pid}); log: {root / 'study.log'}")
+    print(f"stop it with: kill {proc.pid}   (re-run the command to continue where it stopped)")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+
+def _rows_by_step(run_dir: Path) -> dict[int, dict]:
+    """metrics.jsonl rows keyed by step; a step re-logged after a resume keeps its last row."""
+    rows: dict[int, dict] = {}
+    for row in read_metrics(run_dir):
+        rows[int(row["step"])] = row
+    return rows
+
+
+def _wall_s(root: Path, name: str) -> float:
+    path = root / "status.jsonl"
+    if not path.is_file():
+        return 0.0
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sum(r["wall_s"] for r in rows if r["run"] == name)
+
+
+def _values(rows: dict[int, dict], key: str, training_only: bool = True) -> list[float]:
+    return [
+        float(r[key])
+        for s, r in sorted(rows.items())
+        if (s > 0 or not training_only)
+        and isinstance(r.get(key), (int, float))
+        and math.isfinite(r[key])
+    ]
+
+
+def _rollout_tok_s(rows: dict[int, dict]) -> float | None:
+    tokens = sum(_values(rows, "rollout/tokens"))
+    seconds = sum(_values(rows, "time/rollout_s"))
+    return tokens / seconds if seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    name: str
+    setting: str
+    steps_logged: int
+    steps_total: int
+    eval_step: int | None  # step of the last held-out evaluation
+    accuracy: tuple[float, float, float] | None  # (accuracy, lo95, hi95) at eval_step
+    first_accuracy: float | None  # at the first evaluation (step 0)
+    reward_first: float | None  # mean train reward over the first 5 steps
+    reward_last: float | None  # over the last 5 logged steps
+    kv_read_ratio: float | None  # mean over steps
+    p5_min: float | None  # median over steps of the smallest per-bin p5
+    speedup: float | None  # rollout speedup vs dense
+    speedup_source: str  # "measured (n steps)", "tok/s vs dense", "reference" or "-"
+    speedup_predicted: float | None  # cost model's mean prediction
+    wall_h: float  # wall time of all invocations of this run
+
+
+def summarize(root: Path, run: StudyRun, steps: int, dense_tok_s: float | None) -> RunSummary:
+    rows = _rows_by_step(root / run.name)
+    evals = [s for s, r in sorted(rows.items()) if "eval/accuracy" in r]
+    last = rows[evals[-1]] if evals else None
+    reward = _values(rows, "reward/mean")
+    measured = _values(rows, "speedup/measured")
+    tok_s = _rollout_tok_s(rows)
+    if run.name == "dense":
+        speedup, source = (1.0, "reference") if tok_s else (None, "-")
+    elif measured:
+        speedup, source = statistics.fmean(measured), f"measured ({len(measured)} steps)"
+    elif tok_s and dense_tok_s:
+        speedup, source = tok_s / dense_tok_s, "tok/s vs dense"
+    else:
+        speedup, source = None, "-"
+    return RunSummary(
+        name=run.name,
+        setting=run.setting,
+        steps_logged=max((s for s in rows if s > 0), default=0),
+        steps_total=steps,
+        eval_step=evals[-1] if evals else None,
+        accuracy=(
+            (last["eval/accuracy"], last["eval/accuracy_lo95"], last["eval/accuracy_hi95"])
+            if last
+            else None
+        ),
+        first_accuracy=rows[evals[0]]["eval/accuracy"] if evals else None,
+        reward_first=statistics.fmean(reward[:5]) if reward else None,
+        reward_last=statistics.fmean(reward[-5:]) if reward else None,
+        kv_read_ratio=_mean(_values(rows, "kv_read_ratio")),
+        p5_min=statistics.median(p5) if (p5 := _values(rows, "accept/p5_min")) else None,
+        speedup=speedup,
+        speedup_source=source,
+        speedup_predicted=_mean(_values(rows, "speedup/predicted")),
+        wall_h=_wall_s(root, run.name) / 3600,
+    )
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _f(value: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def format_table(summaries: list[RunSummary]) -> str:
+    head = (
+        "| run | setting | steps | held-out accuracy (95% CI) | first eval | train reward "
+        "first 5 -> last 5 | mean KV-read ratio | median p5 min | rollout speedup | "
+        "predicted | wall (h) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for s in summaries:
+        acc = (
+            f"{s.accuracy[0]:.3f} ({s.accuracy[1]:.3f}-{s.accuracy[2]:.3f}) at step {s.eval_step}"
+            if s.accuracy
+            else "-"
+        )
+        speedup = "-" if s.speedup is None else f"{s.speedup:.2f}x {s.speedup_source}"
+        lines.append(
+            f"| {s.name} | {s.setting} | {s.steps_logged}/{s.steps_total} | {acc} | "
+            f"{_f(s.first_accuracy)} | {_f(s.reward_first)} -> {_f(s.reward_last)} | "
+            f"{_f(s.kv_read_ratio)} | {_f(s.p5_min)} | {speedup} | "
+            f"{_f(s.speedup_predicted, '{:.2f}x')} | {s.wall_h:.2f} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def write_report(root: Path, runs: list[StudyRun], steps: dict, docs: Path) -> Path:
+    """Overlay plots (sparrow-report) under docs/plots and the table into docs/README.md."""
+    dense = _rows_by_step(root / "dense")
+    dense_tok_s = _rollout_tok_s(dense) if dense else None
+    summaries = [summarize(root, r, steps[r.name], dense_tok_s) for r in runs]
+    logged = [root / r.name for r in runs if (root / r.name / "metrics.jsonl").is_file()]
+    if logged:
+        report_main([*map(str, logged), "--out", str(docs / "plots")])
+    incomplete = [s.name for s in summaries if s.steps_logged < s.steps_total]
+    stamp = datetime.datetime.now().isoformat(timespec="minutes")
+    block = (
+        f"{TABLE_BEGIN}\n"
+        f"Generated by `scripts/stability_study.py` from `{_display(root)}/*/metrics.jsonl` on "
+        f"{stamp}."
+        + (f" Incomplete runs: {', '.join(incomplete)}." if incomplete else "")
+        + "\n\n"
+        + format_table(summaries)
+        + f"{TABLE_END}"
+    )
+    readme = docs / "README.md"
+    docs.mkdir(parents=True, exist_ok=True)
+    text = (
+        readme.read_text()
+        if readme.is_file()
+        else f"# Stability study\n\n{TABLE_BEGIN}\n{TABLE_END}\n"
+    )
+    if TABLE_BEGIN in text and TABLE_END in text:
+        before, rest = text.split(TABLE_BEGIN, 1)
+        text = before + block + rest.split(TABLE_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(text)
+    print(f"table: {readme}; plots: {docs / 'plots'}")
+    return readme
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminate)  # `kill PID` stops the current run cleanly too
+    sys.exit(main())
