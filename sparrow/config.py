@@ -31,6 +31,15 @@ class RolloutConfig:
     ignore_eos: bool = False  # generate max_new_tokens always (fixed-length benchmarks)
     progress: bool = True  # tqdm bar over the rollout
 
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
+            raise ValueError(
+                "rollout needs temperature >= 0, 0 < top_p <= 1 and max_new_tokens >= 1, got "
+                f"{self.temperature}, {self.top_p}, {self.max_new_tokens}"
+            )
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"rollout.top_k must be >= 1 or null, got {self.top_k}")
+
 
 @dataclass
 class EvalConfig:
@@ -53,6 +62,20 @@ class RLConfig:
     save_every: int = 10  # checkpoint every this many steps (and at the end); 0: only at the end
     keep_last: int = 2  # complete checkpoints kept
     max_nonfinite_streak: int = 3  # consecutive skipped (NaN/Inf) updates that stop the run
+
+    def __post_init__(self):
+        # prompts_per_step and keep_last are checked where they are used (prompt iterator,
+        # checkpoint manager), with messages naming the data size / checkpoint directory.
+        at_least_one = {
+            "group_size": self.group_size,
+            "max_nonfinite_streak": self.max_nonfinite_streak,
+        }
+        bad = {k: v for k, v in at_least_one.items() if v < 1}
+        if bad or self.save_every < 0 or self.steps < 0:
+            raise ValueError(
+                f"rl.{', rl.'.join(bad) or 'save_every/steps'} must be >= 1 (save_every and "
+                f"steps >= 0), got {bad or (self.save_every, self.steps)}"
+            )
 
 
 @dataclass

@@ -63,6 +63,18 @@ class GRPOTrainer:
         torch.manual_seed(cfg.seed)
         loaded = load_model(cfg.model)
         self.tokenizer = loaded.tokenizer
+        # Data first, so bad input fails in seconds rather than after DeepSpeed starts. Prompts
+        # the engine could not hold with a full completion are skipped and counted.
+        eng = cfg.rollout.engine
+        room = min(
+            getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
+            eng.num_pages * eng.page_size,
+        ) - max(cfg.rollout.max_new_tokens, cfg.rl.eval.max_new_tokens)
+        self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room)
+        eval_cfg = cfg.rl.eval
+        self.eval_data = load_prompts(
+            replace(cfg.data, split=eval_cfg.split), self.tokenizer, context_tokens=room
+        )
         if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
@@ -79,9 +91,6 @@ class GRPOTrainer:
         self.rank, self.world = self.actor.rank, self.actor.world_size
         self.run_dir = Path(cfg.run_dir)
 
-        self.train_data = load_prompts(cfg.data, self.tokenizer)
-        eval_cfg = cfg.rl.eval
-        self.eval_data = load_prompts(replace(cfg.data, split=eval_cfg.split), self.tokenizer)
         if cfg.rl.prompts_per_step % self.world:
             raise ValueError(
                 f"rl.prompts_per_step={cfg.rl.prompts_per_step} must divide over {self.world} ranks"

@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# An in-process DenseActor earlier in the session exports these (torch.distributed env init);
+# a child sparrow-train must start its own single-process group, not join that one.
+_DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
+    return env | {"HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"} | extra
 
 
 def _train(*overrides, **kwargs):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
+    env = _env()
     cmd = [sys.executable, "-m", "sparrow.cli.train", *overrides]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, **kwargs)
 
@@ -72,7 +80,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = _env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparrow.cli.train", *common, f"run_dir={killed}"],
         cwd=ROOT,

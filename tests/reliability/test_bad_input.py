@@ -90,11 +90,6 @@ def test_value_rejected_by_a_component_is_one_line(capsys, tmp_path, override, e
     assert expected in _one_error_line(capsys, [*TINY, f"run_dir={tmp_path}", override])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs RLConfig/RolloutConfig.__post_init__ checks in sparrow/config.py (lead's file): "
-    "today these fail inside the first rollout with a traceback",
-)
 @pytest.mark.parametrize("override", ["rl.group_size=0", "rollout.temperature=-1"])
 def test_value_rejected_by_the_rollout_is_a_config_error(capsys, tmp_path, override):
     assert "config error" in _one_error_line(capsys, [*TINY, f"run_dir={tmp_path}", override])
@@ -183,11 +178,6 @@ def test_prompts_over_the_context_room_are_skipped_and_counted():
     assert f"skipped {data.num_skipped_too_long} of 12 longer than {room} tokens" in data.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs GRPOTrainer to pass context_tokens=min(max_position_embeddings, num_pages * "
-    "page_size) - max(max_new_tokens) to load_prompts (trainer.py is the lead's file)",
-)
 def test_train_skips_a_prompt_longer_than_the_kv_pool(capsys, tmp_path):
     # A 16-page pool holds 256 tokens: the long row plus 16 new tokens cannot fit.
     rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(7)]
