@@ -174,7 +174,9 @@ def _run_one(root: Path, run: StudyRun, overrides: list[str], steps: int) -> Non
     with open(run_dir / "console.log", "a") as log:
         log.write(f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} {cmd}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=_single_process_env()
+        )
         try:
             rc = proc.wait()
         except BaseException:  # Ctrl-C or SIGTERM: stop the run too; resume=auto continues it
@@ -187,6 +189,14 @@ def _run_one(root: Path, run: StudyRun, overrides: list[str], steps: int) -> Non
         _record(root, run, "done", f"{steps} steps", wall)
     else:
         _record(root, run, "failed", f"exit code {rc}, see {run_dir / 'console.log'}", wall)
+
+
+def _single_process_env() -> dict:
+    """Each run is its own one-process job: rendezvous variables inherited from a parent (a
+    torchrun launch, or an in-process trainer that exported them) would make it join that one."""
+    dist_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    dist_vars += ("LOCAL_WORLD_SIZE",)
+    return {k: v for k, v in os.environ.items() if k not in dist_vars}
 
 
 def _record(root: Path, run: StudyRun, status: str, detail: str, wall_s: float) -> None:
