@@ -25,7 +25,9 @@ USAGE = __doc__
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="sparrow-calibrate", usage=USAGE)
     parser.add_argument("--budgets", help="comma-separated pages (default: schedule.grid_pages)")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts rolled out per budget")
+    parser.add_argument(
+        "--prompts", type=int, default=8, help="prompts rolled out per budget (0: --online only)"
+    )
     parser.add_argument("--samples", type=int, default=2, help="samples per prompt and budget")
     parser.add_argument("--min-tokens", type=int, help="default: controller.min_tokens")
     parser.add_argument("--online", type=int, default=0, help="also run the online loop N steps")
@@ -50,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.budgets
             else list(cfg.schedule.grid_pages)
         )
-        if not budgets or min(budgets) < 1 or args.prompts < 1 or args.samples < 1:
-            raise ConfigError("--budgets, --prompts and --samples must be positive")
+        if not budgets or min(budgets) < 1 or args.prompts < 0 or args.samples < 1:
+            raise ConfigError("--budgets and --samples must be positive, --prompts >= 0")
+        if args.prompts == 0 and args.online < 1:
+            raise ConfigError("--prompts 0 runs the online loop only: give --online STEPS")
     except (ConfigError, ValueError) as err:
         print(f"sparrow-calibrate: config error: {err}", file=sys.stderr)
         return 2
@@ -59,12 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(cfg, args, budgets: list[int]) -> int:
-    from sparrow.calibration import cheapest_schedule, run_online, sweep_budgets
+    from sparrow.calibration import run_online
     from sparrow.controller import make_controller
     from sparrow.models import load_model
     from sparrow.rl.data import load_prompts
     from sparrow.rollout.engine import LLMEngine, SamplingParams
-    from sparrow.schedule import save_schedule_config
 
     loaded = load_model(cfg.model)
     engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
@@ -81,7 +84,6 @@ def run(cfg, args, budgets: list[int]) -> int:
         max_tokens=cfg.rollout.max_new_tokens,
     )
     tau, bin_tokens = cfg.controller.tau, cfg.schedule.bin_tokens
-    min_tokens = args.min_tokens or cfg.controller.min_tokens
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(
@@ -89,8 +91,43 @@ def run(cfg, args, budgets: list[int]) -> int:
         f"{args.prompts} prompts x {args.samples} samples each, tau {tau}, bins of {bin_tokens}"
     )
 
-    calib_prompts = prompts[: args.prompts]
-    sweep = sweep_budgets(engine, calib_prompts, budgets, params, args.samples, bin_tokens)
+    offline = run_offline(engine, prompts[: args.prompts], budgets, params, cfg, args, out, data)
+
+    if args.online:
+        controller = make_controller(replace(cfg.schedule, mode="online"), cfg.controller)
+        rest = prompts[args.prompts :]
+        batches = (
+            rest[i : i + args.online_prompts] for i in range(0, len(rest), args.online_prompts)
+        )
+        history = run_online(
+            engine, controller, batches, args.online, args.samples, params, bin_tokens
+        )
+        print(format_online(history, tau))
+        final = list(controller.schedule.budgets_pages)
+        print(f"offline: {offline}\nonline:  {final}")
+        (out / "online.json").write_text(
+            json.dumps(
+                {
+                    "final_schedule_pages": final,
+                    "offline_schedule_pages": offline,
+                    "steps": [asdict(h) for h in history],
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+def run_offline(engine, prompts, budgets, params, cfg, args, out: Path, data) -> list[int] | None:
+    """The budget sweep and its cheapest schedule (None with --prompts 0)."""
+    from sparrow.calibration import cheapest_schedule, sweep_budgets
+    from sparrow.schedule import save_schedule_config
+
+    if not prompts:
+        return None
+    tau, bin_tokens = cfg.controller.tau, cfg.schedule.bin_tokens
+    min_tokens = args.min_tokens or cfg.controller.min_tokens
+    sweep = sweep_budgets(engine, prompts, budgets, params, args.samples, bin_tokens)
     schedule, choices = cheapest_schedule(sweep, tau, min_tokens, cfg.schedule.grid_pages)
     stats = sweep.stats()
     print(format_sweep(stats, choices, budgets))
@@ -113,30 +150,7 @@ def run(cfg, args, budgets: list[int]) -> int:
     (out / "calibration.json").write_text(json.dumps(result, indent=1))
     plot_sweep(stats, tau, out / "p5_vs_position.png")
     print(f"schedule {list(schedule.budgets_pages)} pages per bin -> {out / 'schedule.yaml'}")
-
-    if args.online:
-        controller = make_controller(replace(cfg.schedule, mode="online"), cfg.controller)
-        rest = prompts[args.prompts :]
-        batches = (
-            rest[i : i + args.online_prompts] for i in range(0, len(rest), args.online_prompts)
-        )
-        history = run_online(
-            engine, controller, batches, args.online, args.samples, params, bin_tokens
-        )
-        print(format_online(history, tau))
-        final = list(controller.schedule.budgets_pages)
-        print(f"offline: {list(schedule.budgets_pages)}\nonline:  {final}")
-        (out / "online.json").write_text(
-            json.dumps(
-                {
-                    "final_schedule_pages": final,
-                    "offline_schedule_pages": list(schedule.budgets_pages),
-                    "steps": [asdict(h) for h in history],
-                },
-                indent=1,
-            )
-        )
-    return 0
+    return list(schedule.budgets_pages)
 
 
 def format_sweep(stats: dict, choices, budgets: list[int]) -> str:
