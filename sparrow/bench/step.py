@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*overrides, f"{key}={value}"]
     runs = {
         "sparse": overrides,
-        "dense": _set(overrides, "schedule", "dense")
+        "dense": _set(_without(overrides, ("schedule.", "controller.")), "schedule", "dense")
         + ([] if args.dense_exact_monitor else ["monitor.exact=false"]),
     }
     report: dict = {"config": {"argv": list(argv or []), "overrides": overrides}}
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigError as err:
                 print(f"sparrow-bench step: config error: {err}", flush=True)
                 return 2
+            if label == "dense" and cfg.schedule.mode != "dense":
+                raise AssertionError(f"the dense run composed schedule.mode={cfg.schedule.mode}")
             report[label] = run_step(cfg, args, label)
             _write(args.json, report)  # partial results survive a later timeout
     report |= speedups(report["sparse"], report["dense"])
@@ -207,6 +209,12 @@ def _random_model_dir(name: str) -> Path:
 def _set(overrides: list[str], key: str, value: str) -> list[str]:
     """`overrides` with every assignment to `key` replaced by key=value (Hydra rejects two)."""
     return [o for o in overrides if _key(o) != key] + [f"{key}={value}"]
+
+
+def _without(overrides: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    """`overrides` minus those under `prefixes` (a sparse run's schedule.mode=fixed would
+    otherwise turn the dense run's schedule=dense back into a sparse one)."""
+    return [o for o in overrides if not _key(o).startswith(prefixes)]
 
 
 def _key(override: str) -> str:

@@ -26,6 +26,7 @@ def report(tmp_path_factory):
         "preset=tiny",
         "schedule=smollm2_long_b32",
         "schedule.budgets_pages=[3]",  # sink + recent pages only: sparse past 48 tokens
+        "schedule.mode=fixed",  # must not leak into the dense run (it once made it sparse)
         "rollout.max_new_tokens=40",
     ]
     with pytest.MonkeyPatch.context() as mp:
