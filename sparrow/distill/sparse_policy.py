@@ -23,11 +23,10 @@ from sparrow.distill.sparse_attention import (
     query_budgets,
     register_attention,
 )
+from sparrow.rollout.model import hf_weight_name
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
 ADAPTER = "default"  # peft's adapter name
-# Prefixes that wrappers put in front of HF parameter names (PEFT, DDP), as the engine strips them.
-_NAME_PREFIXES = ("base_model.model.", "module.")
 
 
 class SparsePolicy:
@@ -111,10 +110,8 @@ class SparsePolicy:
         """Copy new dense weights theta (HF names, any subset) into the frozen base; the adapter
         is kept. Unknown names raise, so a renamed weight cannot be silently skipped."""
         for raw_name, tensor in state_dict.items():
-            name = raw_name
-            for prefix in _NAME_PREFIXES:
-                name = name.removeprefix(prefix)
-            if name.endswith("rotary_emb.inv_freq"):
+            name = hf_weight_name(raw_name)
+            if name is None:
                 continue
             target = self._base.get(name)
             if target is None:

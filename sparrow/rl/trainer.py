@@ -17,7 +17,6 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 """
 
 import logging
-import math
 import os
 import time
 from dataclasses import asdict, replace
@@ -26,12 +25,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sparrow.acceptance import (
-    AcceptanceMonitor,
-    bin_acceptance,
-    flatten_completion,
-    topk_acceptance_bound,
-)
 from sparrow.batch import RolloutBatch, collate_rollouts
 from sparrow.config import SparrowConfig
 from sparrow.controller import make_controller
@@ -43,10 +36,10 @@ from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.checkpoint import CheckpointManager
 from sparrow.rl.data import PromptIterator, load_prompts
 from sparrow.rl.evaluation import evaluate, paired_difference
-from sparrow.rl.exact_acceptance import exact_batch_acceptance
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rl.metrics_logger import MetricsLogger
 from sparrow.rl.rewards import build_reward, score_batch
+from sparrow.rl.step_monitor import StepMonitor, global_sum
 from sparrow.rl.step_report import format_step_line, rollout_metrics
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 
@@ -111,10 +104,11 @@ class GRPOTrainer:
         self.reward = build_reward(cfg.rl.reward)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
         self.loss_fn = PolicyLoss(cfg.rl.loss)
-        self.monitor = AcceptanceMonitor(cfg.monitor.bin_tokens)
         self.shape = ModelShape.from_hf_config(loaded.model.config, dtype_bytes=4)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
+        self.step_monitor = StepMonitor(cfg, self.engine, self.actor, self.logger, self.world)
+        self.monitor = self.step_monitor.monitor  # this step's acceptance, as the controller saw it
         self.step = 0
         self.nonfinite_streak = 0
         self._first_eval: list[float] | None = None  # per-prompt scores at the first evaluation
@@ -151,13 +145,17 @@ class GRPOTrainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         prompts = next(self.prompts)[self.rank :: self.world]  # this rank's share
-        n_floor = self._num_noise_floor_prompts(len(prompts))
+        sparse = self.engine.schedule  # None in dense mode
+        n_floor = self.step_monitor.num_noise_floor_prompts(
+            len(prompts), engine_is_dense_policy=sparse is not None and self.distill is None
+        )
+        prompt_ids = [p.token_ids for p in prompts]
         outputs = self.engine.generate(
-            [p.token_ids for p in prompts],
+            prompt_ids,
             self.sampling,
             n=cfg.rl.group_size,
             progress=cfg.rollout.progress and self.rank == 0,
-            schedules=self._rollout_schedules(len(prompts), n_floor),
+            schedules=self.step_monitor.rollout_schedules(len(prompts), n_floor, sparse),
         )
         rollout_stats = self.engine.last_stats
         group_offset = self.rank * len(prompts)
@@ -174,7 +172,11 @@ class GRPOTrainer:
             [prompts[o.prompt_index].answer for o in outputs],
         )
         t_rollout = time.perf_counter()
-        speedup = self._measure_speedup(prompts, rollout_stats)
+        speedup = {}
+        if sparse is not None:
+            speedup = self.step_monitor.measure_speedup(
+                self.step, prompt_ids, self.sampling, rollout_stats
+            )
         t_probe = time.perf_counter()
 
         # GRPO groups never span ranks (a rank rolls out whole groups), so advantages are local.
@@ -186,7 +188,8 @@ class GRPOTrainer:
         )
         t_logprobs = time.perf_counter()
         floor_rows = torch.tensor([o.prompt_index >= len(prompts) - n_floor for o in outputs])
-        accept_metrics = self._monitor_and_control(batch, dense, floor_rows)
+        accept_metrics, stats = self.step_monitor.measure(self.step, batch, dense, floor_rows)
+        accept_metrics |= self._control(batch, stats)
 
         num_tokens = self._global_sum(batch.completion_mask.sum())
         train_batch = {
@@ -251,150 +254,28 @@ class GRPOTrainer:
         }
         return metrics
 
-    # ---- noise floor and measured speedup ---------------------------------------------------
-
-    def _num_noise_floor_prompts(self, num_prompts: int) -> int:
-        """Prompts of this rank rolled out densely to measure the dense-vs-dense noise floor
-        (the last ones of its share; at least one when the fraction is positive)."""
-        fraction = self.cfg.monitor.noise_floor_fraction
-        if self.controller is None or fraction <= 0:
-            return 0  # dense mode: every sequence already measures the floor
-        if self.distill is not None:
-            return 0  # the engine holds theta + phi: a dense rollout would not be the dense policy
-        return min(num_prompts - 1, max(1, round(fraction * num_prompts)))
-
-    def _rollout_schedules(self, num_prompts: int, n_floor: int) -> list | None:
-        if not n_floor:
-            return None  # the engine's schedule for all
-        sparse = self.controller.schedule.budget_pages
-        group = self.cfg.rl.group_size
-        return [
-            sparse if i < num_prompts - n_floor else None
-            for i in range(num_prompts)
-            for _ in range(group)
-        ]
-
-    def _measure_speedup(self, prompts, sparse_stats) -> dict:
-        """Every `monitor.speedup_every` steps: the same prompts rolled out densely, timed, so
-        the dashboard shows the measured decode speedup beside the cost model's prediction."""
-        every = self.cfg.monitor.speedup_every
-        if not every or self.controller is None or (self.step + 1) % every:
-            return {}
-        self.engine.set_schedule(None)
-        self.engine.generate([p.token_ids for p in prompts], self.sampling, self.cfg.rl.group_size)
-        self._push_schedule()
-        dense_stats = self.engine.last_stats
-        return {
-            "speedup/measured": sparse_stats.decode_tok_s / max(dense_stats.decode_tok_s, 1e-9),
-            "speedup/dense_decode_tok_s": dense_stats.decode_tok_s,
-            "speedup/sparse_decode_tok_s": sparse_stats.decode_tok_s,
-        }
-
     # ---- pieces -----------------------------------------------------------------------------
 
-    def _monitor_and_control(self, batch: RolloutBatch, dense, floor_rows) -> dict:
-        """Per-token acceptance pooled over ranks, per-bin stats, then the controller.
-
-        The controller reads the exact full-vocabulary acceptance when `monitor.exact` is on
-        (a second, teacher-forced decode pass), else the paper's top-K bound; the bound is
-        always logged beside it (`accept_topk/...`). Rows rolled out densely (`floor_rows`, (B,)
-        bool) measure the dense-vs-dense noise floor (`noise_floor/...`) and are kept out of
-        what the controller sees.
-        """
-        mask = batch.completion_mask
-        sparse_mask = mask & ~floor_rows[:, None]  # (B, T)
-        bound = torch.zeros(mask.shape)  # (B, T)
-        bound[mask] = topk_acceptance_bound(
-            batch.topk_ids[mask],
-            batch.topk_logprobs[mask],
-            dense.topk_ids[mask],
-            dense.topk_logprobs[mask],
-        )
-        self.monitor.reset()
-        metrics = self._bin_metrics("accept_topk", bound, sparse_mask)
-        if self.cfg.monitor.exact:
-            # Every k-th sparse sequence (all groups alike) and every noise-floor one: the replay
-            # costs about one more rollout of those rows.
-            stride = max(1, round(1 / self.cfg.monitor.exact_fraction))
-            rows = torch.arange(len(batch))
-            keep = (rows % stride == 0) & ~floor_rows | floor_rows
-            sub = batch.select(rows[keep])
-            sub_floor = floor_rows[keep]
-            sparse_schedule = None if self.controller is None else self.controller.schedule
-            schedules = [
-                None if f or sparse_schedule is None else sparse_schedule.budget_pages
-                for f in sub_floor.tolist()
-            ]
-            exact = exact_batch_acceptance(
-                self.engine,
-                self.actor.model,
-                sub,
-                self.cfg.rollout.temperature,
-                self.cfg.deepspeed.micro_batch_size,
-                schedules,
-            )
-            sub_mask = sub.completion_mask
-            metrics |= self._bin_metrics(
-                "accept", exact, sub_mask & ~sub_floor[:, None], feed="sparse"
-            )
-            floor_values, floor_mask = exact, sub_mask & sub_floor[:, None]
-        else:
-            metrics |= self._bin_metrics("accept", bound, sparse_mask, feed="sparse")
-            floor_values, floor_mask = bound, mask & floor_rows[:, None]
-        if bool(floor_rows.any()):
-            metrics |= self._bin_metrics("noise_floor", floor_values, floor_mask, feed="floor")
-        stats = self.monitor.summary()
-
-        metrics |= self._kv_read_metrics(batch)
-        if self.controller is not None:
-            metrics["controller/tau"] = self.cfg.controller.tau
-            rolled_with = self.controller.schedule  # what this batch was generated under
-            prompt_tokens = int(batch.prompt_lens.float().mean())
-            output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
-            cost_cfg = CostConfig(num_dense_layers=len(self.cfg.rollout.engine.dense_layers))
-            metrics["speedup/predicted"] = predicted_speedup(
+    def _control(self, batch: RolloutBatch, stats) -> dict:
+        """The controller's move from this step's per-bin stats, and the cost model's predicted
+        speedup for the schedule the batch was rolled out with."""
+        if self.controller is None:
+            return {}
+        rolled_with = self.controller.schedule
+        prompt_tokens = int(batch.prompt_lens.float().mean())
+        output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
+        cost_cfg = CostConfig(num_dense_layers=len(self.cfg.rollout.engine.dense_layers))
+        metrics = {
+            "controller/tau": self.cfg.controller.tau,
+            "speedup/predicted": predicted_speedup(
                 self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, cost_cfg
-            )
-            self.controller.update(stats)
-            self._push_schedule()
-            for i, b in enumerate(self.controller.schedule.budgets_pages):
-                metrics[f"schedule/budget_pages/bin{i}"] = b
+            ),
+        }
+        self.controller.update(stats)
+        self._push_schedule()
+        for i, b in enumerate(self.controller.schedule.budgets_pages):
+            metrics[f"schedule/budget_pages/bin{i}"] = b
         return metrics
-
-    def _bin_metrics(self, name: str, accept, mask, feed: str | None = None) -> dict:
-        """Mean, p1/p5/p50 per position bin of a (B, T) acceptance over completion tokens;
-        `feed` "sparse" or "floor" also hands the tokens to the monitor's matching slot."""
-        values, positions = flatten_completion(accept, mask)
-        values, positions = self._gather_tokens(values, positions)
-        if feed == "sparse":
-            self.monitor.update(values, positions)
-            stats = self.monitor.summary()
-            self.logger.log_histogram(self.step + 1, f"{name}/histogram", values.tolist())
-        elif feed == "floor":
-            self.monitor.update_noise_floor(values, positions)
-            stats = self.monitor.noise_floor_summary()
-        else:
-            stats = bin_acceptance(values, positions, self.cfg.monitor.bin_tokens)
-        metrics = {f"{name}/mean": float(values.mean()) if len(values) else math.nan}
-        if feed == "sparse":  # counts in 20 bins over [0, 1], for sparrow-report's histogram
-            metrics[f"{name}/hist20"] = torch.histc(values.float(), 20, 0.0, 1.0).tolist()
-        for s in stats:
-            for stat in ("mean", "p1", "p5", "p50"):
-                metrics[f"{name}/{stat}/bin{s.bin_index}"] = getattr(s, stat)
-            metrics[f"{name}/count/bin{s.bin_index}"] = s.count
-        if stats:
-            metrics[f"{name}/p5_min"] = min(s.p5 for s in stats)
-        return metrics
-
-    def _kv_read_metrics(self, batch: RolloutBatch) -> dict:
-        """Pages read by sparse layers over the pages a dense decode would read."""
-        mask = batch.completion_mask
-        positions = torch.arange(batch.input_ids.shape[1]).expand_as(mask)  # (B, T)
-        page = self.cfg.rollout.engine.page_size
-        dense_pages = torch.div(positions + page - 1, page, rounding_mode="floor")  # ceil(t / P)
-        read = self._global_sum(batch.budget_pages[mask].sum())
-        full = self._global_sum(dense_pages[mask].sum())
-        return {"kv_read_ratio": read / max(full, 1.0)}
 
     def _sync_engine(self) -> None:
         """The rollout policy's weights into the engine: theta, or theta + phi merged."""
@@ -503,10 +384,7 @@ class GRPOTrainer:
     # ---- reductions over ranks --------------------------------------------------------------
 
     def _global_sum(self, value) -> float:
-        t = torch.as_tensor(value, dtype=torch.float64).reshape(1).clone()
-        if self.world > 1:
-            dist.all_reduce(t)
-        return float(t)
+        return global_sum(value, self.world)
 
     def _global_mean(self, total, count) -> float:
         return self._global_sum(total) / max(self._global_sum(count), 1.0)
@@ -516,13 +394,6 @@ class GRPOTrainer:
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MIN if how == "min" else dist.ReduceOp.MAX)
         return float(t)
-
-    def _gather_tokens(self, values: torch.Tensor, positions: torch.Tensor):
-        if self.world == 1:
-            return values, positions
-        parts = [None] * self.world
-        dist.all_gather_object(parts, (values.cpu(), positions.cpu()))
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def plan(self) -> str:
         cfg = self.cfg

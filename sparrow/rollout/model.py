@@ -25,6 +25,15 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
 _NAME_PREFIXES = ("base_model.model.", "module.")
 
 
+def hf_weight_name(raw_name: str) -> str | None:
+    """The HF parameter name under the prefixes wrappers add (PEFT, DDP); None for buffers
+    that are not weights (rotary inverse frequencies)."""
+    name = raw_name
+    for prefix in _NAME_PREFIXES:
+        name = name.removeprefix(prefix)
+    return None if name.endswith("rotary_emb.inv_freq") else name
+
+
 @dataclass
 class ModelShape:
     num_layers: int
@@ -164,10 +173,8 @@ class DecoderModel:
         """Copy HF-named weights in place (any subset); returns the names loaded."""
         loaded = set()
         for raw_name, tensor in state_dict.items():
-            name = raw_name
-            for prefix in _NAME_PREFIXES:
-                name = name.removeprefix(prefix)
-            if name.endswith("rotary_emb.inv_freq"):
+            name = hf_weight_name(raw_name)
+            if name is None:
                 continue
             if name not in self._targets:
                 hint = (
