@@ -13,6 +13,7 @@ docs/stability/README.md (between its study-table markers).
     python scripts/stability_study.py --report           # table and plots from what is logged
     python scripts/stability_study.py --distill          # also 0.80 + DistillSparse
     python scripts/stability_study.py --short            # shorter documents (~800-token prompts)
+    python scripts/stability_study.py --quick --jobs 2   # ~450-token prompts, 12 steps, 2 at once
     python scripts/stability_study.py --preset tiny --runs dense,tau086 -- rl.steps=2
 
 Arguments after `--` are Hydra overrides handed to every run.
@@ -27,6 +28,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,15 +70,29 @@ DISTILL_RUN = StudyRun(
 # The alternative when the long documents cost too much for the CPU budget: ~600 words (~800
 # tokens) per document, so every forward and backward pass is ~4x cheaper; all else the same.
 SHORT_OVERRIDES = ("data.tasks.context_words=600",)
+# Sized to finish in ~1.5 h on this 2-core CPU with two runs at a time (one core each; a step
+# measured 107 s on one idle core): ~450-token prompts (all in position bin 0), 12 steps. The start
+# budget of 16 pages (256 tokens, about half the context) lets the controller move either way, and
+# patience 2 lets it move within 12 steps; lr 3e-5 so that 12 steps of 8 samples move the policy.
+QUICK_OVERRIDES = (
+    "data.tasks.context_words=300",
+    "rl.steps=12",
+    "rl.eval.every=6",
+    "schedule.budgets_pages=[16]",
+    "controller.patience=2",
+    "deepspeed.lr=3e-5",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = _parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    root = args.root or REPO / ("runs/stability_short" if args.short else "runs/stability")
+    size = "quick" if args.quick else "short" if args.short else None
+    root = args.root or REPO / (f"runs/stability_{size}" if size else "runs/stability")
     runs = _select_runs(args)
-    overrides = [f"preset={args.preset}", *(SHORT_OVERRIDES if args.short else ()), *extra]
+    sized = {"quick": QUICK_OVERRIDES, "short": SHORT_OVERRIDES, None: ()}[size]
+    overrides = [f"preset={args.preset}", *sized, *extra]
     try:
         steps = {r.name: _total_steps(overrides, r) for r in runs}
     except ConfigError as err:
@@ -89,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             print(_status_line(root, run, steps[run.name]))
         return 0
     if not args.report:
-        code = _run_all(root, runs, overrides, steps)
+        code = _run_all(root, runs, overrides, steps, args.jobs)
         if code:
             return code
-    docs = args.docs or REPO / ("docs/stability/short" if args.short else "docs/stability")
+    docs = args.docs or REPO / (f"docs/stability/{size}" if size else "docs/stability")
     write_report(root, runs, steps, docs)
     return 0
 
@@ -108,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--distill", action="store_true", help="add tau 0.80 + DistillSparse")
     p.add_argument(
         "--short", action="store_true", help="~800-token documents (runs/stability_short)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="~450-token documents, 12 steps (runs/stability_quick)"
+    )
+    p.add_argument(
+        "--jobs", type=int, default=1, help="runs at a time, each with cores / jobs threads"
     )
     p.add_argument("--report", action="store_true", help="only write the table and plots")
     p.add_argument("--status", action="store_true", help="print one line per run and exit")
@@ -147,22 +169,67 @@ def final_checkpoint(run_dir: Path, steps: int) -> Path | None:
 # ---- running ----------------------------------------------------------------------------------
 
 
-def _run_all(root: Path, runs: list[StudyRun], overrides: list[str], steps: dict) -> int:
+def _run_all(
+    root: Path, runs: list[StudyRun], overrides: list[str], steps: dict, jobs: int = 1
+) -> int:
+    if jobs < 1:
+        print("stability_study: --jobs must be >= 1", file=sys.stderr)
+        return 2
     root.mkdir(parents=True, exist_ok=True)
     lock = root / "study.pid"
     if lock.exists() and _alive(int(lock.read_text() or 0)):
         print(f"stability_study: already running (pid {lock.read_text()})", file=sys.stderr)
         return 2
     lock.write_text(str(os.getpid()))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     try:
-        for run in runs:
-            _run_one(root, run, overrides, steps[run.name])
+        if jobs == 1:
+            for run in runs:
+                _run_one(root, run, overrides, steps[run.name], threads)
+        else:
+            _run_parallel(root, runs, overrides, steps, jobs, threads)
     finally:
         lock.unlink(missing_ok=True)
     return 0
 
 
-def _run_one(root: Path, run: StudyRun, overrides: list[str], steps: int) -> None:
+def _run_parallel(root, runs, overrides, steps, jobs: int, threads: int) -> None:
+    """`jobs` runs at a time, in the given order. On Ctrl-C or SIGTERM (raised in this, the
+    main thread) the running children are terminated; resume=auto continues them later."""
+    stop = threading.Event()
+    pending = list(runs)
+    lock = threading.Lock()
+
+    def worker():
+        while not stop.is_set():
+            with lock:
+                if not pending:
+                    return
+                run = pending.pop(0)
+            _run_one(root, run, overrides, steps[run.name], threads, stop)
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
+    for w in workers:
+        w.start()
+    try:
+        while any(w.is_alive() for w in workers):
+            for w in workers:
+                w.join(timeout=1.0)
+    except BaseException:
+        stop.set()
+        for w in workers:
+            w.join()
+        raise
+
+
+def _run_one(
+    root: Path,
+    run: StudyRun,
+    overrides: list[str],
+    steps: int,
+    threads: int | None = None,
+    stop: threading.Event | None = None,
+) -> None:
     run_dir = root / run.name
     if final_checkpoint(run_dir, steps) is not None:
         _record(root, run, "skipped", f"final checkpoint step {steps} exists", 0.0)
@@ -175,15 +242,18 @@ def _run_one(root: Path, run: StudyRun, overrides: list[str], steps: int) -> Non
         log.write(f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} {cmd}\n")
         log.flush()
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=_single_process_env()
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=_single_process_env(threads)
         )
         try:
-            rc = proc.wait()
+            rc = _wait(proc, stop)
         except BaseException:  # Ctrl-C or SIGTERM: stop the run too; resume=auto continues it
             proc.terminate()
             proc.wait()
             _record(root, run, "interrupted", "", time.monotonic() - t0)
             raise
+        if rc is None:  # the study was stopped while this run (in a worker thread) was going
+            _record(root, run, "interrupted", "", time.monotonic() - t0)
+            return
     wall = time.monotonic() - t0
     if rc == 0 and final_checkpoint(run_dir, steps) is not None:
         _record(root, run, "done", f"{steps} steps", wall)
@@ -191,12 +261,31 @@ def _run_one(root: Path, run: StudyRun, overrides: list[str], steps: int) -> Non
         _record(root, run, "failed", f"exit code {rc}, see {run_dir / 'console.log'}", wall)
 
 
-def _single_process_env() -> dict:
+def _wait(proc: subprocess.Popen, stop: threading.Event | None) -> int | None:
+    """The child's exit code; None when `stop` was set first (the child is then terminated)."""
+    if stop is None:
+        return proc.wait()
+    while True:
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if stop.is_set():
+                proc.terminate()
+                proc.wait()
+                return None
+
+
+def _single_process_env(threads: int | None = None) -> dict:
     """Each run is its own one-process job: rendezvous variables inherited from a parent (a
-    torchrun launch, or an in-process trainer that exported them) would make it join that one."""
+    torchrun launch, or an in-process trainer that exported them) would make it join that one.
+    With several runs at a time each gets `threads` intra-op threads, so they do not oversubscribe
+    the cores."""
     dist_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
     dist_vars += ("LOCAL_WORLD_SIZE",)
-    return {k: v for k, v in os.environ.items() if k not in dist_vars}
+    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
+    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
 
 
 def _record(root: Path, run: StudyRun, status: str, detail: str, wall_s: float) -> None:

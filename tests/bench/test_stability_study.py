@@ -43,6 +43,8 @@ def tiny_study(study, tmp_path_factory):
         "tiny",
         "--runs",
         "dense,tau086",
+        "--jobs",
+        "2",  # both runs at once: the parallel path (one thread each)
         "--root",
         str(root),
         "--docs",
