@@ -36,6 +36,7 @@ class DistillConfig:
     lr_factor: float = 10.0  # adapter AdamW learning rate = lr_factor x the actor's lr
     lambda_k3: float = 1e-3  # weight of k3(logp_dense_old - logp_sparse) (Sparrow's code: 1e-3)
     pg_coef: float = 1.0  # weight of the sparse GRPO term (0: pure distillation to dense)
+    lambda_kl: float = 0.0  # weight of KL(dense_old || sparse) over the dense top-K + rest bucket
     grad_clip: float = 1.0  # clip the adapter's gradient 2-norm to this; 0 disables clipping
     micro_batch_size: int = 4  # sequences per sparse forward + backward
 
@@ -45,8 +46,8 @@ class DistillConfig:
                 f"distill.rank and distill.micro_batch_size must be >= 1, got {self.rank}, "
                 f"{self.micro_batch_size}"
             )
-        if self.lr_factor <= 0 or self.lambda_k3 < 0 or self.pg_coef < 0:
-            raise ValueError("distill.lr_factor must be > 0, lambda_k3 and pg_coef >= 0")
+        if self.lr_factor <= 0 or min(self.lambda_k3, self.pg_coef, self.lambda_kl) < 0:
+            raise ValueError("distill.lr_factor must be > 0, lambda_k3, lambda_kl, pg_coef >= 0")
 
 
 class DistillSparse:
@@ -80,14 +81,19 @@ class DistillSparse:
         advantages_tok: Tensor,
         temperature: float,
         global_num_tokens: float | None = None,
+        dense_topk: tuple[Tensor, Tensor] | None = None,
     ) -> dict[str, float]:
         """One adapter update over the rollout batch.
 
         dense_logprobs: (B, T) the dense policy's log-probs of batch.input_ids before this step's
         update, aligned as in RolloutBatch; advantages_tok: (B, T) per-token advantages;
         temperature: the rollout's (0, greedy, scores at 1); global_num_tokens: completion tokens
-        over all ranks (default: this batch's). Returns metrics under `distill/`.
+        over all ranks (default: this batch's); dense_topk: (ids (B, T, K), log-probs (B, T, K))
+        of the same dense pass, needed when lambda_kl > 0. Returns metrics under `distill/`.
         """
+        if self.cfg.lambda_kl > 0 and dense_topk is None:
+            raise ValueError("distill.lambda_kl > 0 needs the dense top-K (dense_topk=...)")
+        use_topk = self.cfg.lambda_kl > 0
         temperature = temperature if temperature > 0 else 1.0
         num_tokens = global_num_tokens or max(int(batch.completion_mask.sum()), 1)
         totals: dict[str, float] = {}
@@ -95,9 +101,13 @@ class DistillSparse:
         for start in range(0, len(batch), self.cfg.micro_batch_size):
             rows = slice(start, start + self.cfg.micro_batch_size)
             mask = batch.completion_mask[rows]  # (b, T)
-            logprobs = self.policy.token_logprobs(
-                batch.input_ids[rows], mask, batch.budget_pages[rows], temperature
-            )  # (b, T)
+            logprobs, topk_logprobs = self.policy.token_logprobs(
+                batch.input_ids[rows],
+                mask,
+                batch.budget_pages[rows],
+                temperature,
+                topk_ids=dense_topk[0][rows] if use_topk else None,
+            )  # (b, T), (b, T, K) or None
             device = logprobs.device
             loss, metrics = distill_loss(
                 logprobs,
@@ -107,6 +117,9 @@ class DistillSparse:
                 num_tokens,
                 pg_coef=self.cfg.pg_coef,
                 lambda_k3=self.cfg.lambda_k3,
+                lambda_kl=self.cfg.lambda_kl,
+                dense_topk_logprobs=dense_topk[1][rows].to(device) if use_topk else None,
+                sparse_topk_logprobs=topk_logprobs,
             )
             loss.backward()
             for key, value in metrics.items():

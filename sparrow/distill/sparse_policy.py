@@ -72,12 +72,15 @@ class SparsePolicy:
         completion_mask: Tensor,
         budget_pages: Tensor,
         temperature: float,
-    ) -> Tensor:
+        topk_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """Sparse-policy log-probs of the completion tokens, aligned as in RolloutBatch.
 
-        input_ids, completion_mask, budget_pages: (B, T) of a right-padded rollout batch.
+        input_ids, completion_mask, budget_pages: (B, T) of a right-padded rollout batch;
+        topk_ids: optional (B, T, K) token ids per position (the dense policy's top-K).
         Returns (B, T) fp32 log p(input_ids[:, t] | < t) at `temperature` on completion tokens,
-        0 elsewhere; differentiable w.r.t. the adapter.
+        0 elsewhere, and (B, T, K) the log-probs of `topk_ids` at the same positions (None
+        without topk_ids); both differentiable w.r.t. the adapter.
         """
         device = next(self.model.parameters()).device
         used_len = int(completion_mask.long().cumsum(1).argmax(1).max()) + 1  # drop padding
@@ -89,10 +92,17 @@ class SparsePolicy:
         targets = mask[:, 1:]  # (B, L - 1): hidden at t - 1 predicts the token at t
         rows = hidden[:, :-1][targets]  # (N, H)
         logits = self.model.get_output_embeddings()(rows).float() / temperature  # (N, V)
-        picked = F.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][targets][:, None])  # (N, 1)
+        logprobs = F.log_softmax(logits, dim=-1)  # (N, V)
+        picked = logprobs.gather(-1, ids[:, 1:][targets][:, None])  # (N, 1)
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)  # (B, T)
         full_mask = F.pad(targets, (1, input_ids.shape[1] - used_len))  # (B, T)
-        return out.masked_scatter(full_mask, picked.squeeze(-1))
+        token_lp = out.masked_scatter(full_mask, picked.squeeze(-1))
+        if topk_ids is None:
+            return token_lp, None
+        ids_k = topk_ids.to(device)[full_mask].long()  # (N, K): the same positions, row-major
+        topk_lp = logprobs.gather(-1, ids_k)  # (N, K)
+        out_k = torch.zeros((*input_ids.shape, ids_k.shape[-1]), device=device)  # (B, T, K)
+        return token_lp, out_k.masked_scatter(full_mask[..., None], topk_lp)
 
     @torch.no_grad()
     def merged_state_dict(self) -> dict[str, Tensor]:

@@ -45,3 +45,13 @@ def dense_logprobs(model, batch: RolloutBatch) -> torch.Tensor:
         logits = model(batch.input_ids).logits.float()  # (B, T, V)
     picked = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None])
     return torch.nn.functional.pad(picked[..., 0], (1, 0)) * batch.completion_mask
+
+
+def dense_topk(model, batch: RolloutBatch, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, log-probs), each (B, T, K): the HF dense top-K at each position (0 at t = 0), as
+    `DenseActor.compute_logprobs` returns them."""
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(batch.input_ids).logits.float()[:, :-1], -1)
+    values, ids = logprobs.topk(k, dim=-1)  # (B, T - 1, K)
+    pad = (0, 0, 1, 0)
+    return torch.nn.functional.pad(ids, pad), torch.nn.functional.pad(values, pad)

@@ -4,10 +4,10 @@ import io
 
 import pytest
 import torch
-from sparse_rollouts import dense_logprobs, make_rollout
+from sparse_rollouts import dense_logprobs, dense_topk, make_rollout
 
 from sparrow.distill import DistillConfig, DistillSparse
-from sparrow.distill.loss import distill_loss
+from sparrow.distill.loss import distill_loss, kl_topk
 
 # fp32 on CPU: the engine's paged decode and the masked parallel forward differ only by float
 # reassociation (measured max ~8e-6 over 4 model/score combinations).
@@ -45,7 +45,7 @@ def test_training_forward_matches_engine_sparse_decode(tokenizer, family, score)
     dense_pages = (positions + 3) // 4  # ceil(t / PAGE): the context of the token at t, in pages
     assert (batch.budget_pages < dense_pages)[mask].float().mean() > 0.5
     with torch.no_grad():
-        sparse = _distill(rollout).policy.token_logprobs(
+        sparse, _ = _distill(rollout).policy.token_logprobs(
             batch.input_ids, mask, batch.budget_pages, temperature=1.0
         )
     replay = _engine_logprobs(rollout.engine, batch)
@@ -91,7 +91,7 @@ def test_step_trains_only_the_adapter_and_merges_into_the_engine(tokenizer):
     assert set(changed) == {k for k in after if "lora_B" in k} and changed
     # theta + phi in the engine reproduces the adapter's sparse forward.
     with torch.no_grad():
-        sparse = distill.policy.token_logprobs(
+        sparse, _ = distill.policy.token_logprobs(
             batch.input_ids, batch.completion_mask, batch.budget_pages, 1.0
         )
     rollout.engine.update_weights(distill.merged_state_dict())
@@ -167,3 +167,40 @@ def test_loss_by_hand():
     # d/dlogp: pg_coef * (-A) / N + lambda * (1 - exp(d)) / N; masked tokens get nothing.
     expected = torch.cat([torch.zeros(1), (0.5 * -2.0 + 0.1 * (1 - d.exp())) / 4])
     assert torch.allclose(sparse.grad[0], expected)
+
+
+def test_kl_topk_is_the_bucketed_kl():
+    torch.manual_seed(0)
+    p, q = torch.randn(3, 50).log_softmax(-1), torch.randn(3, 50).log_softmax(-1)  # (3, V)
+    full = (p.exp() * (p - q)).sum(-1)  # (3,)
+    assert torch.allclose(kl_topk(p, q), full, atol=1e-5)  # K = V: the exact KL
+    ids = p.topk(5, dim=-1).indices  # (3, 5)
+    coarse = kl_topk(p.gather(-1, ids), q.gather(-1, ids))
+    p_rest = 1 - p.gather(-1, ids).exp().sum(-1)
+    q_rest = 1 - q.gather(-1, ids).exp().sum(-1)
+    head = (p.gather(-1, ids).exp() * (p.gather(-1, ids) - q.gather(-1, ids))).sum(-1)
+    assert torch.allclose(coarse, head + p_rest * (p_rest.log() - q_rest.log()), atol=1e-6)
+    assert (coarse <= full + 1e-6).all() and (coarse > 0).all()  # a lower bound, not zero
+    assert float(kl_topk(p.gather(-1, ids), p.gather(-1, ids)).abs().max()) < 1e-6
+
+
+def test_topk_kl_term_trains_towards_dense(llama_rollout):
+    batch, model = llama_rollout.batch, llama_rollout.model
+    distill = _distill(llama_rollout, pg_coef=0.0, lambda_k3=0.0, lambda_kl=1.0)
+    distill.optimizer.param_groups[0]["lr"] = 3e-3
+    dense, zeros = dense_logprobs(model, batch), torch.zeros(batch.input_ids.shape)
+    topk = dense_topk(model, batch, k=8)
+    with pytest.raises(ValueError, match="top-K"):
+        distill.step(batch, dense, zeros, temperature=1.0)
+    kl = [
+        distill.step(batch, dense, zeros, temperature=1.0, dense_topk=topk)["distill/kl_topk"]
+        for _ in range(6)
+    ]
+    assert kl[0] > 0.01 and kl[-1] < 0.7 * kl[0]
+    # The sparse log-probs of the top-K ids line up with the dense ones' positions.
+    _, sparse_topk = distill.policy.token_logprobs(
+        batch.input_ids, batch.completion_mask, batch.budget_pages, 1.0, topk_ids=topk[0]
+    )
+    mask = batch.completion_mask
+    assert sparse_topk.shape == topk[1].shape and (sparse_topk[~mask] == 0).all()
+    assert (sparse_topk - topk[1])[mask].abs().mean() < 0.5
