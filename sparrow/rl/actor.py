@@ -5,7 +5,9 @@ trainer: dense log-probs (of the given tokens and the top-K per position) with t
 (batch x length x vocab) logits tensor never materialised at once, and one optimizer update from
 a list of micro-batches whose loss is already normalised by the global token count of the step.
 It also gathers full weights for the rollout engine's sync, saves/loads DeepSpeed checkpoints and
-exports the policy as an HF model directory.
+exports the policy as an HF model directory. Given the GRPO group structure (`prompt_lens`,
+`group_ids`) and `share_prompts`, both passes compute each group's prompt once
+(sparrow.rl.policy_logprobs) and micro-batches hold whole groups.
 
 Conventions: every per-token output is aligned to the position of the token it describes
 (position 0 has no prediction and is 0), as in `sparrow.batch.RolloutBatch`. The policy runs in
@@ -26,14 +28,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 # Before importing deepspeed: pick its CPU accelerator explicitly (it otherwise warns on import).
 if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
+
+from sparrow.rl.policy_logprobs import PolicyWithLogprobs, check_shared_prompts  # noqa: E402
 
 deepspeed.utils.logger.setLevel(logging.WARNING)
 # DeepSpeed 0.19 calls these torch collectives under their deprecated names on every ZeRO step.
@@ -54,11 +56,12 @@ class ActorConfig:
     weight_decay: float = 0.01  # decoupled weight decay, applied to matrices only (not norms)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
     grad_clip: float = 1.0  # clip the global gradient 2-norm to this; 0 disables clipping
-    micro_batch_size: int = 4  # sequences per forward (log-probs and training micro-batches)
+    micro_batch_size: int = 4  # sequences per forward; shared prompts: whole groups, >= 1 group
     warmup_steps: int = 0  # optimizer steps of linear LR warmup from 0
     lr_schedule: str = "constant"  # constant | cosine (decays to 0 at total_steps)
     total_steps: int = 1000  # optimizer steps of the whole run (cosine schedule length)
     logprob_chunk_tokens: int = 1024  # (sequences x positions) per lm_head chunk: bounds logits
+    share_prompts: bool = True  # compute a GRPO group's prompt once per pass, not G times (exact)
 
     def __post_init__(self):
         if self.zero_stage not in (0, 1, 2, 3):
@@ -88,76 +91,40 @@ def lr_multiplier(step: int, cfg: ActorConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def split_micro_batches(batch: dict[str, Tensor], micro_batch_size: int) -> list[dict[str, Tensor]]:
-    """Split every tensor of `batch` along dim 0 into micro-batches of `micro_batch_size` rows."""
+def micro_batch_slices(
+    num_rows: int, micro_batch_size: int, group_ids: Tensor | None = None
+) -> list[slice]:
+    """Row ranges of the micro-batches: `micro_batch_size` rows each, or, given `group_ids` (B,),
+    whole groups (runs of equal consecutive ids) packed up to `micro_batch_size` rows.
+
+    A group is never cut, so that its prompt is computed once: a micro-batch holds
+    max(1, micro_batch_size // G) groups of G rows, and one group when G > micro_batch_size (its
+    activations are those of P + G * C tokens, against micro_batch_size * (P + C) unshared).
+    """
+    if group_ids is None:
+        return [slice(s, s + micro_batch_size) for s in range(0, num_rows, micro_batch_size)]
+    starts = [0, *((group_ids[1:] != group_ids[:-1]).nonzero().squeeze(1) + 1).tolist()]
+    ends = [*starts[1:], num_rows]
+    slices = [slice(starts[0], ends[0])]
+    for start, end in zip(starts[1:], ends[1:], strict=True):
+        current = slices[-1]
+        if end - current.start <= micro_batch_size:
+            slices[-1] = slice(current.start, end)
+        else:
+            slices.append(slice(start, end))
+    return slices
+
+
+def split_micro_batches(
+    batch: dict[str, Tensor], micro_batch_size: int, group_ids: Tensor | None = None
+) -> list[dict[str, Tensor]]:
+    """Split every tensor of `batch` along dim 0 into micro-batches (see `micro_batch_slices`:
+    pass `group_ids` when the actor shares prompts, so that groups stay whole)."""
     num_rows = next(iter(batch.values())).shape[0]
     return [
-        {k: v[start : start + micro_batch_size] for k, v in batch.items()}
-        for start in range(0, num_rows, micro_batch_size)
+        {k: v[sl] for k, v in batch.items()}
+        for sl in micro_batch_slices(num_rows, micro_batch_size, group_ids)
     ]
-
-
-class _PolicyWithLogprobs(nn.Module):
-    """The HF model plus a chunked lm_head, as one module so DeepSpeed's hooks see every call."""
-
-    def __init__(self, lm: nn.Module, chunk_tokens: int):
-        super().__init__()
-        self.lm = lm
-        self.chunk_tokens = chunk_tokens
-
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, topk: int, temperature: float
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """LogprobOutput's fields as a tuple: ZeRO-3's hooks only see tensors in tuples."""
-        batch, seq_len = input_ids.shape
-        # Right padding: positions past the longest real sequence influence nothing, skip them.
-        used_len = max(int(attention_mask.sum(dim=1).max().item()), 1)
-        ids = input_ids[:, :used_len]  # (b, L)
-        hidden = self.lm.get_decoder()(
-            input_ids=ids, attention_mask=attention_mask[:, :used_len].long()
-        ).last_hidden_state  # (b, L, H)
-        positions_per_chunk = max(1, self.chunk_tokens // batch)
-        parts = []
-        # Hidden state at t - 1 predicts the token at t: targets are positions 1 .. L-1 (an
-        # empty chunk when L = 1 keeps the output shapes uniform).
-        for start in range(1, max(used_len, 2), positions_per_chunk):
-            end = min(start + positions_per_chunk, used_len)
-            args = (hidden[:, start - 1 : end - 1], ids[:, start:end], topk, temperature)
-            if torch.is_grad_enabled():
-                # Recompute the chunk's logits in backward instead of keeping them all alive.
-                parts.append(checkpoint(self._score_chunk, *args, use_reentrant=False))
-            else:
-                parts.append(self._score_chunk(*args))
-        token_lp, topk_lp, topk_ids, entropy = (
-            _pad_positions([p[i] for p in parts], batch, seq_len) for i in range(4)
-        )
-        mask = attention_mask.bool().clone()  # (b, T)
-        mask[:, 0] = False
-        return (
-            torch.where(mask, token_lp, 0.0),
-            torch.where(mask[..., None], topk_ids, 0),
-            torch.where(mask[..., None], topk_lp, 0.0),
-            torch.where(mask, entropy, 0.0),
-        )
-
-    def _score_chunk(
-        self, hidden: Tensor, targets: Tensor, topk: int, temperature: float
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        logits = self.lm.get_output_embeddings()(hidden).float() / temperature  # (b, c, V)
-        logprobs = F.log_softmax(logits, dim=-1)  # (b, c, V)
-        token_lp = logprobs.gather(-1, targets[..., None]).squeeze(-1)  # (b, c)
-        with torch.no_grad():
-            entropy = -(logprobs.exp() * logprobs).sum(-1)  # (b, c)
-            topk_lp, topk_ids = logprobs.topk(topk, dim=-1)  # (b, c, K)
-        return token_lp, topk_lp, topk_ids, entropy
-
-
-def _pad_positions(chunks: list[Tensor], batch: int, seq_len: int) -> Tensor:
-    """Concatenate per-position chunks (targets 1 .. L-1) and zero-pad to positions 0 .. T-1."""
-    body = torch.cat(chunks, dim=1)  # (b, L - 1, ...)
-    head = body.new_zeros((batch, 1, *body.shape[2:]))
-    tail = body.new_zeros((batch, seq_len - 1 - body.shape[1], *body.shape[2:]))
-    return torch.cat([head, body, tail], dim=1)  # (b, T, ...)
 
 
 class DenseActor:
@@ -182,7 +149,7 @@ class DenseActor:
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg))
         self.engine, _, _, _ = deepspeed.initialize(
-            model=_PolicyWithLogprobs(model, cfg.logprob_chunk_tokens),
+            model=PolicyWithLogprobs(model, cfg.logprob_chunk_tokens),
             optimizer=optimizer,
             lr_scheduler=scheduler,
             config=self._deepspeed_config(),
@@ -219,31 +186,66 @@ class DenseActor:
 
     @torch.no_grad()
     def compute_logprobs(
-        self, input_ids: Tensor, attention_mask: Tensor, topk: int, temperature: float = 1.0
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        topk: int,
+        temperature: float = 1.0,
+        prompt_lens: Tensor | None = None,
+        group_ids: Tensor | None = None,
     ) -> LogprobOutput:
-        """Dense log-probs of `input_ids` (B, T) and the top-`topk` per position, fp32."""
-        rows = range(0, input_ids.shape[0], self.cfg.micro_batch_size)
-        self._check_same_count_on_all_ranks(len(rows), "compute_logprobs micro-batches")
+        """Dense log-probs of `input_ids` (B, T) and the top-`topk` per position, fp32.
+
+        prompt_lens, group_ids (B,): the GRPO group structure (rows of a group consecutive and
+        sharing one prompt); with `share_prompts` each group's prompt is computed once.
+        """
+        groups = self._groups(input_ids, attention_mask, prompt_lens, group_ids)
+        slices = micro_batch_slices(
+            input_ids.shape[0], self.cfg.micro_batch_size, None if groups is None else groups[1]
+        )
+        self._check_same_count_on_all_ranks(len(slices), "compute_logprobs micro-batches")
         outs = []
-        for start in rows:
-            sl = slice(start, start + self.cfg.micro_batch_size)
-            outs.append(self._forward(input_ids[sl], attention_mask[sl], topk, temperature))
+        for sl in slices:
+            mb_groups = None if groups is None else tuple(g[sl] for g in groups)
+            outs.append(
+                self._forward(input_ids[sl], attention_mask[sl], topk, temperature, mb_groups)
+            )
         device = input_ids.device
         columns = (torch.cat([getattr(o, f.name) for o in outs]) for f in fields(LogprobOutput))
         return LogprobOutput(*(c.to(device) for c in columns))
 
+    def _groups(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        prompt_lens: Tensor | None,
+        group_ids: Tensor | None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """(prompt_lens, group_ids) when this forward shares prompts (checked), else None."""
+        if not self.cfg.share_prompts or prompt_lens is None or group_ids is None:
+            return None
+        check_shared_prompts(input_ids, attention_mask, prompt_lens, group_ids)
+        return prompt_lens, group_ids
+
     def _forward(
-        self, input_ids: Tensor, attention_mask: Tensor, topk: int, temperature: float
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        topk: int,
+        temperature: float,
+        groups: tuple[Tensor, Tensor] | None = None,
     ) -> LogprobOutput:
         device = self.engine.device
+        extra = () if groups is None else tuple(g.to(device) for g in groups)
         return LogprobOutput(
-            *self.engine(input_ids.to(device), attention_mask.to(device), topk, temperature)
+            *self.engine(input_ids.to(device), attention_mask.to(device), topk, temperature, *extra)
         )
 
     def train_step(
         self, micro_batches: list[dict[str, Tensor]], loss_fn: LossFn, temperature: float = 1.0
     ) -> dict[str, float]:
-        """One optimizer update from `micro_batches` (each holds input_ids and attention_mask).
+        """One optimizer update from `micro_batches` (each holds input_ids and attention_mask,
+        and `prompt_lens` and `group_ids` to share each group's prompt, see compute_logprobs).
 
         loss_fn(new_logprobs (b, T) fp32 at `temperature`, micro_batch) -> (loss, metrics),
         called with every tensor of the micro-batch on the actor's device; the loss must be
@@ -258,9 +260,15 @@ class DenseActor:
         self._check_same_count_on_all_ranks(num_micro, "train_step micro-batches")
         self.engine.set_train_batch_size(self.cfg.micro_batch_size * num_micro * self.world_size)
         sums: dict[str, float] = {"loss": 0.0, "entropy_sum": 0.0, "entropy_count": 0.0}
+        groups = [
+            self._groups(
+                mb["input_ids"], mb["attention_mask"], mb.get("prompt_lens"), mb.get("group_ids")
+            )
+            for mb in micro_batches
+        ]  # checked on the host, before any collective
         for i, mb in enumerate(micro_batches):
             mb = {k: v.to(self.engine.device) for k, v in mb.items()}
-            out = self._forward(mb["input_ids"], mb["attention_mask"], 0, temperature)
+            out = self._forward(mb["input_ids"], mb["attention_mask"], 0, temperature, groups[i])
             loss, metrics = loss_fn(out.token_logprobs, mb)
             self.engine.set_gradient_accumulation_boundary(i == num_micro - 1)
             # DeepSpeed averages gradients over data-parallel ranks; the loss is a share of a
