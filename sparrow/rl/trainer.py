@@ -184,7 +184,12 @@ class GRPOTrainer:
         # Both policies at the rollout temperature, so ratios, TIS and acceptance compare alike.
         temperature = cfg.rollout.temperature
         dense = self.actor.compute_logprobs(
-            batch.input_ids, batch.attention_mask, topk=cfg.monitor.top_k, temperature=temperature
+            batch.input_ids,
+            batch.attention_mask,
+            topk=cfg.monitor.top_k,
+            temperature=temperature,
+            prompt_lens=batch.prompt_lens,
+            group_ids=batch.group_ids,
         )
         t_logprobs = time.perf_counter()
         floor_rows = torch.tensor([o.prompt_index >= len(prompts) - n_floor for o in outputs])
@@ -199,6 +204,8 @@ class GRPOTrainer:
             "old_logprobs": dense.token_logprobs,
             "rollout_logprobs": batch.sampled_logprobs,
             "advantages": broadcast_to_tokens(advantages, batch.completion_mask),
+            "prompt_lens": batch.prompt_lens,  # the group structure, for the shared prompt pass
+            "group_ids": batch.group_ids,
         }
 
         extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
@@ -217,8 +224,11 @@ class GRPOTrainer:
             return loss, metrics
 
         t_monitor = time.perf_counter()
+        shared = batch.group_ids if cfg.deepspeed.share_prompts else None  # keep groups whole
         update = self.actor.train_step(
-            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size), loss_fn, temperature
+            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size, shared),
+            loss_fn,
+            temperature,
         )
         update |= {k: self._global_extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
         self._check_nonfinite(update)
