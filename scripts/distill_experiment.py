@@ -8,15 +8,20 @@ theta + phi over training prompts. Held-out prompts measure, per 32-token positi
 full-vocabulary acceptance sum_v min(p_dense, q_sparse) of the sampled tokens: dense engine vs the
 sparse engine's teacher-forced replay (`LLMEngine.score`), before and after N steps (fresh samples
 of the current sparse policy each time, as the monitor sees them; and the after-policy on the
-before-samples, a paired comparison). Prints a table and writes JSON.
+before-samples, a paired comparison). Then the online part: the online controller (tau, from the
+smallest budget of a grid) on a frozen theta, once with the base sparse policy (phi = 0) and once
+with the trained adapter, which keeps distilling on the controller's rollouts; the same held-out
+prompts for both arms. Reported: the KV-read ratio per step and its mean, the schedule and p5 per
+bin. Prints tables and writes JSON.
 
     python scripts/distill_experiment.py --steps 1 --eval-prompts 2 --prompts-per-step 2 \
         --group-size 2 --max-new-tokens 40 --budget-pages 3             # smoke, ~2 min
     python scripts/distill_experiment.py --out runs/distill_experiment.json      # full, ~30 min
 
-Defaults: pure distillation (pg_coef 0, lambda_k3 1), which isolates the tail effect in a
-CPU-sized run; `--pg-coef 1 --lambda-k3 1e-3` is the paper's loss mix. lr 3e-4: at 1e-3 the
-first update on SmolLM2 overshot (k3 0.34 -> 0.89, gradient norm 43) before settling.
+Defaults: pure distillation with the top-K KL (pg_coef 0, lambda_k3 0, lambda_kl 1), which
+isolates the tail effect in a CPU-sized run; `--lambda-kl 0 --lambda-k3 1` is the k3-only run
+written up first in docs/distill/, `--pg-coef 1 --lambda-k3 1e-3 --lambda-kl 0` the paper's loss
+mix. At lr 1e-3 the first k3 update on SmolLM2 overshot (k3 0.34 -> 0.89, gradient norm 43).
 """
 
 import argparse
@@ -29,12 +34,14 @@ import torch
 
 from sparrow.acceptance import bin_acceptance, exact_acceptance
 from sparrow.batch import collate_rollouts
+from sparrow.controller import ControllerConfig, OnlineController
 from sparrow.distill import DistillConfig, DistillSparse
 from sparrow.models import ModelConfig, load_model
 from sparrow.rl.advantages import AdvantageConfig, broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.data import DataConfig, PromptIterator, load_prompts
 from sparrow.rl.rewards import RewardConfig, build_reward, score_batch
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
+from sparrow.schedule import BudgetSchedule
 
 SCORE_CHUNK = 16  # sequences per engine.score call: bounds the (T, V) logits held at once
 
@@ -49,11 +56,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts")
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out prompt")
     p.add_argument("--bin-tokens", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-4, help="adapter AdamW learning rate")
+    p.add_argument("--lr", type=float, default=2e-4, help="adapter AdamW learning rate")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--alpha", type=float, default=32.0)
     p.add_argument("--pg-coef", type=float, default=0.0)
-    p.add_argument("--lambda-k3", type=float, default=1.0)
+    p.add_argument("--lambda-k3", type=float, default=0.0)
+    p.add_argument("--lambda-kl", type=float, default=1.0, help="top-K KL weight")
+    p.add_argument("--topk", type=int, default=20, help="dense top-K for the KL term")
+    p.add_argument("--online-steps", type=int, default=12, help="0: skip the online part")
+    p.add_argument("--online-prompts", type=int, default=4, help="held-out prompts per step")
+    p.add_argument("--online-samples", type=int, default=2)
+    p.add_argument("--tau", type=float, default=0.86)
+    p.add_argument("--grid", default="3,4,5,6,8,10", help="online grid (pages, >= sink + recent)")
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
     p.add_argument("--seed", type=int, default=0)
@@ -73,12 +87,14 @@ class Experiment:
         )
         self.engine = LLMEngine(self.model, self.tokenizer, cfg)
         self.sparse_schedule = lambda context_tokens: args.budget_pages
+        self.use_adapter = True  # False: the sparse policy is theta alone (phi = 0)
         distill_cfg = DistillConfig(
             enabled=True,
             rank=args.rank,
             alpha=args.alpha,
             lr_factor=1.0,
             lambda_k3=args.lambda_k3,
+            lambda_kl=args.lambda_kl,
             pg_coef=args.pg_coef,
             micro_batch_size=args.micro_batch_size,
         )
@@ -89,19 +105,23 @@ class Experiment:
         self.train = PromptIterator(load_prompts(data, self.tokenizer), args.prompts_per_step)
         heldout = load_prompts(DataConfig(split="heldout"), self.tokenizer)
         self.heldout = heldout.prompts[: args.eval_prompts]
+        self.heldout_pool = heldout.prompts[args.eval_prompts :]  # the online part's prompts
         self.reward = build_reward(RewardConfig())
         self.advantages = make_advantage_fn(AdvantageConfig())
         self.params = SamplingParams(temperature=1.0, max_tokens=args.max_new_tokens)
 
+    def sparse_weights(self) -> dict:
+        return self.distill.merged_state_dict() if self.use_adapter else self.base
+
     def sample_sparse(self, prompts: list[list[int]], n: int):
-        self.engine.update_weights(self.distill.merged_state_dict())
+        self.engine.update_weights(self.sparse_weights())
         self.engine.set_schedule(self.sparse_schedule)
         return self.engine.generate(prompts, self.params, n=n)
 
     def replay(self, prompts: list[list[int]], completions: list[list[int]], sparse: bool):
         """Full-vocabulary log-probs (T_i, V) per sequence: theta + phi sparse, or theta dense."""
         if sparse:
-            self.engine.update_weights(self.distill.merged_state_dict())
+            self.engine.update_weights(self.sparse_weights())
             self.engine.set_schedule(self.sparse_schedule)
         else:
             self.engine.update_weights(self.base)
@@ -136,6 +156,10 @@ class Experiment:
     def train_step(self) -> dict:
         prompts = next(self.train)
         outs = self.sample_sparse([p.token_ids for p in prompts], self.args.group_size)
+        return self.distill_on(prompts, outs)
+
+    def distill_on(self, prompts, outs) -> dict:
+        """One adapter step on the sparse rollouts `outs` of `prompts`."""
         batch = collate_rollouts([p.token_ids for p in prompts], outs, self.tokenizer.pad_token_id)
         scores = score_batch(
             self.reward,
@@ -144,9 +168,13 @@ class Experiment:
             [prompts[o.prompt_index].answer for o in outs],
         )
         advantages = self.advantages(scores.scores, batch.group_ids)  # (B,)
-        dense = self.dense_logprobs(batch.input_ids, batch.attention_mask)  # (B, T)
+        dense, topk = self.dense_logprobs(batch.input_ids, batch.attention_mask)  # (B, T)
         metrics = self.distill.step(
-            batch, dense, broadcast_to_tokens(advantages, batch.completion_mask), 1.0
+            batch,
+            dense,
+            broadcast_to_tokens(advantages, batch.completion_mask),
+            1.0,
+            dense_topk=topk,
         )
         metrics["reward"] = float(scores.scores.mean())
         metrics["sparse_tokens"] = int(batch.completion_mask.sum())
@@ -154,15 +182,64 @@ class Experiment:
 
     @torch.no_grad()
     def dense_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """(B, T) log-probs of the dense base model theta, aligned as in RolloutBatch."""
+        """Log-probs of the dense base model theta, aligned as in RolloutBatch: (B, T) of the
+        tokens and (ids, log-probs), each (B, T, K), of the top-K per position."""
+        k = self.args.topk
         out = torch.zeros(input_ids.shape)
+        topk_ids = torch.zeros((*input_ids.shape, k), dtype=torch.long)
+        topk_lp = torch.zeros((*input_ids.shape, k))
         for s in range(0, len(input_ids), self.args.micro_batch_size):
             ids = input_ids[s : s + self.args.micro_batch_size]  # (b, T)
             mask = attention_mask[s : s + self.args.micro_batch_size]  # (b, T)
             logits = self.model(input_ids=ids, attention_mask=mask.long()).logits.float()
-            picked = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+            logprobs = torch.log_softmax(logits[:, :-1], -1)  # (b, T - 1, V)
+            picked = logprobs.gather(-1, ids[:, 1:, None])[..., 0]  # (b, T - 1)
             out[s : s + len(ids), 1:] = picked * mask[:, 1:]
-        return out
+            values, indices = logprobs.topk(k, dim=-1)  # (b, T - 1, K)
+            topk_ids[s : s + len(ids), 1:] = indices
+            topk_lp[s : s + len(ids), 1:] = values
+        return out, (topk_ids, topk_lp)
+
+    def online(self, with_adapter: bool, prompts: list) -> list[dict]:
+        """The online controller on frozen theta, from the grid's smallest budget; the adapter
+        (if used) keeps distilling on the controller's rollouts. One record per step."""
+        args = self.args
+        grid = tuple(int(x) for x in args.grid.split(","))
+        schedule = BudgetSchedule(args.bin_tokens, (grid[0],), grid, page_size=16)
+        controller = OnlineController(schedule, ControllerConfig(tau=args.tau, min_tokens=30))
+        self.use_adapter = with_adapter
+        self.sparse_schedule = lambda context_tokens: controller.schedule.budget_pages(
+            context_tokens
+        )
+        history = []
+        for step in range(args.online_steps):
+            batch = prompts[step * args.online_prompts : (step + 1) * args.online_prompts]
+            budgets = controller.schedule.budgets_pages
+            outs = self.sample_sparse([p.token_ids for p in batch], args.online_samples)
+            values, positions = self.acceptance(
+                [o.prompt_ids for o in outs], [o.token_ids for o in outs]
+            )
+            stats = bin_acceptance(values, positions, args.bin_tokens)
+            pages_read = sum(int(o.budget_pages.sum()) for o in outs)
+            pages_dense = int(torch.div(positions + 15, 16, rounding_mode="floor").sum())
+            controller.update(stats)
+            record = {
+                "step": step + 1,
+                "budgets_pages": list(budgets),
+                "kv_read_ratio": pages_read / max(pages_dense, 1),
+                "p5": {s.bin_index: s.p5 for s in stats},
+                "tokens": int(len(values)),
+            }
+            if with_adapter:
+                record |= self.distill_on(batch, outs)
+            history.append(record)
+            print(
+                f"online ({'with' if with_adapter else 'without'} DistillSparse) step {step + 1}: "
+                f"budgets {list(budgets)} KV {record['kv_read_ratio']:.3f} p5 "
+                + " ".join(f"{b}:{v:.2f}" for b, v in record["p5"].items()),
+                flush=True,
+            )
+        return history
 
 
 def bins_table(name: str, values: torch.Tensor, positions: torch.Tensor, bin_tokens: int):
@@ -198,6 +275,18 @@ def main() -> None:
         ),
     }
     print_table(conditions)
+    online = {}
+    if args.online_steps:
+        pool = exp.heldout_pool[: args.online_steps * args.online_prompts]
+        online = {"without": exp.online(False, pool), "with": exp.online(True, pool)}
+        for arm, steps in online.items():
+            mean = sum(r["kv_read_ratio"] for r in steps) / len(steps)
+            late = steps[len(steps) // 2 :]
+            late_mean = sum(r["kv_read_ratio"] for r in late) / len(late)
+            print(
+                f"online {arm} DistillSparse: mean KV-read ratio {mean:.3f} (second half "
+                f"{late_mean:.3f}), final budgets {steps[-1]['budgets_pages']}"
+            )
     result = {
         "args": vars(args),
         "bins": {k: list(v.values()) for k, v in conditions.items()},
@@ -207,6 +296,7 @@ def main() -> None:
             "after_on_before_samples": float(paired_values.mean()),
         },
         "train": history,
+        "online": online,
         "seconds": time.perf_counter() - start,
     }
     out = Path(args.out)

@@ -236,7 +236,12 @@ class GRPOTrainer:
         if self.distill is not None:  # step 5: the adapter, on the frozen updated theta
             self.distill.load_base(self.actor.gathered_state_dict())
             update |= self.distill.step(
-                batch, dense.token_logprobs, train_batch["advantages"], temperature, num_tokens
+                batch,
+                dense.token_logprobs,
+                train_batch["advantages"],
+                temperature,
+                num_tokens,
+                dense_topk=(dense.topk_ids, dense.topk_logprobs),
             )
         t_distill = time.perf_counter()
         self._sync_engine()

@@ -11,6 +11,7 @@ OVERRIDES = [
     "preset=tiny",
     "distill=default",
     "distill.lr_factor=100",  # a visible adapter after one step
+    "distill.lambda_kl=1.0",  # the top-K KL term gets the actor's dense top-K
     "rollout.engine.page_size=4",
     "schedule.page_size=4",
     "schedule.mode=fixed",
@@ -37,6 +38,7 @@ def trained(tmp_path_factory):
 def test_adapter_trains_and_engine_samples_from_theta_plus_phi(trained):
     trainer, metrics, _ = trained
     assert metrics["distill/grad_norm"] > 0 and metrics["time/distill_s"] > 0
+    assert metrics["distill/kl_topk"] > 0
     name = "model.layers.0.self_attn.q_proj.weight"
     theta = trainer.actor.gathered_state_dict()[name]
     merged = trainer.distill.merged_state_dict()[name]
