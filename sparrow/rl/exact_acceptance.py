@@ -5,13 +5,23 @@ distribution is flat (on SmolLM2 at T = 1 the K = 20 bound gives p5 ~0.6 for two
 policies). Where a second decode pass is affordable (CPU runs, small batches), the engine
 teacher-forces the sampled completions through the same sparse decode under the same schedule,
 which reproduces the rollout distributions, and the dense actor's logits are compared with them
-over the full vocabulary, micro-batch by micro-batch so that at most one micro-batch of dense
-logits exists at a time.
+over the full vocabulary.
+
+Both passes compute a GRPO group's prompt once. The engine's `score` prefills each distinct
+prompt once and shares its KV pages between the rows that replay it. The dense actor runs each
+group's prompt (a run of consecutive rows with equal prompt tokens) once into a KV cache, indexes
+the cache out to the group's rows and runs their completions on it, as the actor's group-shared
+log-prob pass does (rl/policy_logprobs.py): P + sum(C_i - 1) decoder tokens per group instead of
+G (P + C). Logits are computed only where they are compared (the last prompt position and the
+completion positions, never (b, T, V) over prompts), one row at a time, so at most one row's
+dense logits exist beside the engine's.
 """
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+from transformers import DynamicCache
 
 from sparrow.acceptance import exact_acceptance
 from sparrow.batch import RolloutBatch
@@ -30,26 +40,121 @@ def exact_batch_acceptance(
 
     Call before the schedule changes: the engine's replay uses its current schedule, or
     `schedules[b]` per row when given (those the rows were rolled out with; None: dense).
-    `dense_model` is the actor's HF model (under ZeRO-3 every rank must call this together).
+    `dense_model` is the actor's HF model (under ZeRO-3 every rank must call this together,
+    with as many rows as the others). A micro-batch holds whole prompt groups, up to
+    `micro_batch_size` rows or one group if it is larger, as in the actor's log-prob pass.
     """
     temperature = temperature if temperature > 0 else 1.0
     prompts, completions = _split(batch)
     sparse_logits = engine.score(prompts, completions, schedules)  # list of (T_i, V)
     accept = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (B, T)
     device = next(dense_model.parameters()).device
-    for start in range(0, len(batch), micro_batch_size):
-        rows = range(start, min(start + micro_batch_size, len(batch)))
-        ids = batch.input_ids[start : rows.stop].to(device)  # (b, T)
-        mask = batch.attention_mask[start : rows.stop].to(device)  # (b, T)
-        dense_logits = dense_model(input_ids=ids, attention_mask=mask.long()).logits  # (b, T, V)
-        for i, b in enumerate(rows):
+    runs = prompt_runs(prompts)  # (B,)
+    head = dense_model.get_output_embeddings()
+    for sl in _micro_batches(runs, micro_batch_size, device):
+        hidden = completion_hidden(
+            dense_model,
+            batch.input_ids[sl].to(device),
+            batch.attention_mask[sl].to(device),
+            batch.prompt_lens[sl].to(device),
+            runs[sl].to(device),
+        )  # (b, C, H)
+        for i, b in enumerate(range(sl.start, sl.stop)):
             p0, n = int(batch.prompt_lens[b]), len(completions[b])
-            # Logits at position t - 1 predict the token at t; completion tokens sit at p0..p0+n-1.
-            dense = F.log_softmax(dense_logits[i, p0 - 1 : p0 - 1 + n].float() / temperature, -1)
+            # Row i's hidden state j predicts its completion token j, at position p0 + j.
+            dense = F.log_softmax(head(hidden[i, :n]).float() / temperature, -1)  # (n, V)
             sparse = F.log_softmax(sparse_logits[b].to(device).float() / temperature, -1)
             accept[b, p0 : p0 + n] = exact_acceptance(dense, sparse).cpu()
-        del dense_logits
     return accept
+
+
+def prompt_runs(prompts: list[list[int]]) -> Tensor:
+    """(B,) int64 index of each row's run of consecutive rows with equal prompts (its group)."""
+    runs = [0]
+    for before, prompt in zip(prompts, prompts[1:], strict=False):
+        runs.append(runs[-1] + (prompt != before))
+    return torch.tensor(runs[: len(prompts)], dtype=torch.int64)
+
+
+def completion_hidden(
+    lm: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor, runs: Tensor
+) -> Tensor:
+    """Final hidden states (b, C, H) whose column j predicts each row's completion token j.
+
+    input_ids, attention_mask (b, T) right-padded; prompt_lens, runs (b,): rows with the same
+    consecutive run index share their prompt, which goes through the decoder once. Columns past
+    a row's completion are padding. Every call makes the same module calls (two decoder passes,
+    the second over at least one token), so that ZeRO-3's per-module gathers match across ranks.
+    """
+    seq_len = input_ids.shape[1]
+    device = input_ids.device
+    starts = torch.ones(len(runs), dtype=torch.bool, device=device)  # (b,) first row of a run
+    starts[1:] = runs[1:] != runs[:-1]
+    first_row = starts.nonzero().squeeze(1)  # (g,)
+    row_group = starts.cumsum(0) - 1  # (b,)
+    completion_lens = attention_mask.sum(1) - prompt_lens  # (b,)
+    max_prompt = int(prompt_lens.max())
+    # The last completion token predicts nothing; one masked column when no row has two tokens.
+    fed_len = max(int(completion_lens.max()) - 1, 1)
+    decoder = lm.get_decoder()
+
+    # Each group's prompt once; shorter prompts are right-padded (masked keys, unused outputs).
+    key_mask = torch.arange(max_prompt, device=device) < prompt_lens[:, None]  # (b, P)
+    cache = DynamicCache(config=decoder.config)
+    prompt_hidden = decoder(
+        input_ids=input_ids[first_row, :max_prompt],
+        attention_mask=key_mask[first_row].long(),
+        cache=cache,
+        use_cache=True,
+    ).last_hidden_state  # (g, P, H)
+    # The last prompt position predicts every row's first completion token.
+    last_prompt = prompt_hidden[row_group, prompt_lens - 1]  # (b, H)
+
+    cache.batch_select_indices(row_group)  # the group's prompt K/V for each of its rows
+    offsets = torch.arange(fed_len, device=device)  # (F,)
+    positions = prompt_lens[:, None] + offsets  # (b, F) absolute positions of the fed tokens
+    fed_mask = offsets < completion_lens[:, None] - 1  # (b, F)
+    fed_ids = input_ids.gather(1, positions.clamp(max=seq_len - 1))  # (b, F)
+    completion = decoder(
+        input_ids=torch.where(fed_mask, fed_ids, 0),
+        attention_mask=torch.cat([key_mask, fed_mask], 1).long(),
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+    ).last_hidden_state  # (b, F, H)
+    return torch.cat([last_prompt[:, None], completion], 1)  # (b, 1 + F, H)
+
+
+def _micro_batches(runs: Tensor, micro_batch_size: int, device: torch.device) -> list[slice]:
+    """Row ranges of whole runs packed up to `micro_batch_size` rows (a longer run alone).
+
+    Under data parallelism the ranks' run structures may differ (a duplicated prompt merges two
+    groups), and ZeRO-3 needs the same number of forwards on every rank: if the counts differ,
+    every rank falls back to plain `micro_batch_size`-row slices (runs cut by a slice boundary
+    then compute their prompt once per part).
+    """
+    num_rows = len(runs)
+    starts = [0, *((runs[1:] != runs[:-1]).nonzero().squeeze(1) + 1).tolist()]
+    ends = [*starts[1:], num_rows]
+    slices: list[slice] = []
+    for start, end in zip(starts, ends, strict=True):
+        if slices and end - slices[-1].start <= micro_batch_size:
+            slices[-1] = slice(slices[-1].start, end)
+        else:
+            slices.append(slice(start, end))
+    if _same_on_all_ranks(len(slices), device):
+        return slices
+    return [
+        slice(s, min(s + micro_batch_size, num_rows)) for s in range(0, num_rows, micro_batch_size)
+    ]
+
+
+def _same_on_all_ranks(count: int, device: torch.device) -> bool:
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return True
+    bounds = torch.tensor([count, -count], device=device)  # max and -min in one all-reduce
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    return int(bounds[0]) == -int(bounds[1])
 
 
 def _split(batch: RolloutBatch) -> tuple[list[list[int]], list[list[int]]]:
