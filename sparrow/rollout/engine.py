@@ -11,7 +11,9 @@ completions through the same paths, to compare the engine's policy with another 
 
 A preempted sequence is rebuilt by a dense prefill over its prompt + generated tokens, so its
 later tokens attend to densely computed K/V of its earlier ones; the recorded log-probs are
-always those of the distribution each token was actually drawn from.
+always those of the distribution each token was actually drawn from. So are the raw logits kept
+with `SamplingParams.return_logits`: what `score` returns for the row under the same schedule,
+except after a preemption of a sparsely decoded row (there `score`'s replay is the approximation).
 """
 
 import time
@@ -25,7 +27,7 @@ from tqdm.auto import tqdm
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.model_runner import ModelRunner
-from sparrow.rollout.outputs import GenerateStats, GenerationOutput, TokenRecords
+from sparrow.rollout.outputs import GenerateStats, GenerationOutput, LogitsStore, TokenRecords
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 from sparrow.rollout.sampler import Sampler
 from sparrow.rollout.scheduler import DecodeBatch, PrefillBatch, Scheduler
@@ -60,6 +62,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # tokens that end a completion ("stop"), kept in it
     stop_strings: tuple[str, ...] = ()  # strings whose appearance ends a completion ("stop")
     ignore_eos: bool = False  # keep going past EOS (fixed-length benchmarks)
+    # Keep each token's raw logits (T, V) on its output: the exact-acceptance monitor reads them
+    # instead of replaying the completions through the engine (costs T x V fp32 per sequence).
+    return_logits: bool = False
 
 
 class LLMEngine:
@@ -96,15 +101,18 @@ class LLMEngine:
         n: int = 1,
         progress: bool = False,
         schedules: list[Schedule | None] | None = None,
+        logits_rows: list[bool] | None = None,
     ) -> list[GenerationOutput]:
         """n samples per prompt, ordered prompt-major (prompt 0's samples 0..n-1, then prompt 1).
 
         `schedules`, one per output sequence, overrides the engine's schedule for that sequence
         (None: dense), e.g. to roll out a noise-floor share densely, or several budgets from one
-        shared prefill.
+        shared prefill. With `params.return_logits`, `logits_rows` (one per output sequence;
+        None: all) says which outputs carry their logits, to hold only those a caller reads.
         """
         _check_prompts(prompts, n, params)
         schedules = self._per_sequence(schedules, len(prompts) * n)
+        kept = _logits_store(params, logits_rows, len(prompts) * n)
         self.sampler.reseed(self.cfg.seed + self.num_generate_calls)
         self.num_generate_calls += 1
         seqs = [
@@ -135,6 +143,12 @@ class LLMEngine:
                 budgets,
                 [s.num_tokens for s in step_seqs],
             )
+            if kept is not None:  # positions: the tokens are appended just below
+                kept.append(
+                    [s.seq_id for s in step_seqs],
+                    [len(s.completion_ids) for s in step_seqs],
+                    logits,
+                )
             for seq, token in zip(step_seqs, sampled.token_ids.tolist(), strict=True):
                 seq.completion_ids.append(token)
                 reason = self._stop_reason(seq, token, params, stop_ids, eos_ids)
@@ -146,7 +160,7 @@ class LLMEngine:
         bar.close()
         stats.num_preemptions = scheduler.num_preemptions
         self.last_stats = stats
-        return [self._output(s, n, records) for s in seqs]
+        return [self._output(s, n, records, kept) for s in seqs]
 
     def score(
         self,
@@ -259,7 +273,9 @@ class LLMEngine:
         tail = self.tokenizer.decode(seq.completion_ids[-window:], skip_special_tokens=True)
         return any(s in tail for s in stop_strings)
 
-    def _output(self, seq: Sequence, n: int, records: TokenRecords) -> GenerationOutput:
+    def _output(
+        self, seq: Sequence, n: int, records: TokenRecords, kept: LogitsStore | None
+    ) -> GenerationOutput:
         return records.output(
             seq.seq_id,
             len(seq.completion_ids),
@@ -270,6 +286,7 @@ class LLMEngine:
             text=self.tokenizer.decode(seq.completion_ids, skip_special_tokens=True),
             finish_reason=seq.finish_reason,
             num_preemptions=seq.num_preemptions,
+            logits=None if kept is None else kept.output(seq.seq_id, len(seq.completion_ids)),
         )
 
 
@@ -282,6 +299,18 @@ def _eos_ids(model, tokenizer) -> tuple[int, ...]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return tuple(dict.fromkeys(ids))
+
+
+def _logits_store(
+    params: SamplingParams, rows: list[bool] | None, num_seqs: int
+) -> LogitsStore | None:
+    if not params.return_logits:
+        return None
+    if rows is None:
+        return LogitsStore([True] * num_seqs)
+    if len(rows) != num_seqs:
+        raise ValueError(f"got {len(rows)} logits_rows for {num_seqs} sequences")
+    return LogitsStore(list(rows))
 
 
 def _check_prompts(prompts: list[list[int]], n: int, params: SamplingParams) -> None:

@@ -4,7 +4,8 @@ Per generated token the engine records the sampled token's log-probs, the top-K 
 policy, the KV pages each sparse layer read to produce it (all pages when attended densely: the
 prefill token, dense sequences, and tokens after a preemption recompute) and the context length
 it was produced at (tokens before it). One indexed write per step for the whole batch, no
-per-token Python.
+per-token Python. On request (`SamplingParams.return_logits`) it also keeps, for chosen
+sequences, the raw logits each token was sampled from (`LogitsStore`).
 """
 
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ class GenerationOutput:
     budget_pages: Tensor  # (T,) int32, KV pages read per sparse layer for each token
     context_lens: Tensor  # (T,) int32, tokens in the context each token was produced from
     num_preemptions: int  # times this sample was evicted and recomputed
+    # (T, V) fp32 raw logits (before temperature, top-k, top-p) each token was sampled from;
+    # None unless generate was asked for them (SamplingParams.return_logits)
+    logits: Tensor | None = None
 
 
 @dataclass
@@ -117,3 +121,35 @@ class TokenRecords:
             budget_pages=self.budget_pages[seq_id, :t].clone(),
             context_lens=self.context_lens[seq_id, :t].clone(),
         )
+
+
+class LogitsStore:
+    """Raw logits of the sampled tokens of the sequences asked for, one (V,) fp32 row per token,
+    on the CPU. Each step copies only the wanted rows of its (B, V) logits. A row is written at
+    its token's position, so a sequence holds exactly one row per completion token whatever the
+    scheduler did (a recompute after a preemption samples the next token, never an earlier one).
+    """
+
+    def __init__(self, wanted: list[bool]):
+        self.wanted = wanted  # per seq_id: keep its logits
+        self.rows: list[list[Tensor]] = [[] for _ in wanted]  # per seq_id, per token: (V,)
+
+    def append(self, seq_ids: list[int], positions: list[int], logits: Tensor) -> None:
+        """logits (B, V): row i is what seq_ids[i]'s token at positions[i] was sampled from."""
+        picks = [i for i, s in enumerate(seq_ids) if self.wanted[s]]
+        if not picks:
+            return
+        kept = logits[picks].to("cpu", torch.float32)  # (b, V), a copy of the wanted rows only
+        for row, i in zip(kept, picks, strict=True):
+            rows = self.rows[seq_ids[i]]
+            del rows[positions[i] :]
+            rows.append(row)
+
+    def output(self, seq_id: int, num_tokens: int) -> Tensor | None:
+        """(num_tokens, V) fp32 for a wanted sequence (its store is released), else None."""
+        if not self.wanted[seq_id]:
+            return None
+        rows, self.rows[seq_id] = self.rows[seq_id], []
+        if len(rows) != num_tokens:
+            raise RuntimeError(f"sequence {seq_id} kept {len(rows)} logits for {num_tokens} tokens")
+        return torch.stack(rows)  # (T, V)
