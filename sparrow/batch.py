@@ -28,19 +28,23 @@ class RolloutBatch:
     # (= all pages when attended densely); 0 off-completion
     group_ids: Tensor  # (B,) int64, index of the prompt each sample came from
     finish_reasons: list[str]  # "eos" | "stop" | "length"
+    # Per row, the raw fp32 logits (C_b, V) its completion tokens were sampled from (the engine's
+    # SamplingParams.return_logits), None for a row without; None when no row has them
+    rollout_logits: list[Tensor | None] | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: Tensor) -> "RolloutBatch":
         """The samples at `rows` (B',) int64, in that order."""
-        picked = {
-            f.name: getattr(self, f.name)[rows]
-            if isinstance(getattr(self, f.name), Tensor)
-            else [getattr(self, f.name)[i] for i in rows.tolist()]
-            for f in fields(self)
-        }
-        return RolloutBatch(**picked)
+        index = rows.tolist()
+
+        def pick(value):
+            if isinstance(value, Tensor):
+                return value[rows]
+            return None if value is None else [value[i] for i in index]
+
+        return RolloutBatch(**{f.name: pick(getattr(self, f.name)) for f in fields(self)})
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
         moved = {
@@ -63,6 +67,7 @@ def collate_rollouts(
     prompts: the prompt token ids, indexed by each output's `prompt_index`.
     group_ids: one per output; defaults to each output's `prompt_index` (pass global prompt
     indices when a rank generated a slice of the step's prompts).
+    Outputs' logits, where the engine kept them, are passed on by reference (no copy).
     """
     if not outputs:
         raise ValueError("collate_rollouts needs at least one output")
@@ -108,4 +113,10 @@ def collate_rollouts(
         budget_pages=budget_pages,
         group_ids=torch.tensor(list(group_ids), dtype=torch.int64),
         finish_reasons=[o.finish_reason for o in outputs],
+        rollout_logits=_rollout_logits(outputs),
     )
+
+
+def _rollout_logits(outputs: Sequence) -> list[Tensor | None] | None:
+    logits = [getattr(o, "logits", None) for o in outputs]
+    return None if all(x is None for x in logits) else logits

@@ -1,11 +1,14 @@
 """Exact per-token acceptance of a rollout batch: sum_v min(p_dense, q_sparse) over the vocabulary.
 
-The engine keeps only the rollout policy's top-K, whose lower bound is loose wherever the
+The engine records only the rollout policy's top-K, whose lower bound is loose wherever the
 distribution is flat (on SmolLM2 at T = 1 the K = 20 bound gives p5 ~0.6 for two *identical*
-policies). Where a second decode pass is affordable (CPU runs, small batches), the engine
-teacher-forces the sampled completions through the same sparse decode under the same schedule,
-which reproduces the rollout distributions, and the dense actor's logits are compared with them
-over the full vocabulary.
+policies). The rollout distributions come from one of two places, per row:
+- the raw logits the engine kept while sampling the row (`SamplingParams.return_logits`, carried
+  as `RolloutBatch.rollout_logits`): no second pass, and exactly what each token was drawn from;
+- else the engine teacher-forces the row's completion through the same sparse decode under the
+  same schedule, which reproduces them (about one more rollout of those rows; after a preemption
+  of a sparse row, an approximation, as the rollout recomputed its K/V densely).
+The dense actor's logits are compared with them over the full vocabulary.
 
 Both passes compute a GRPO group's prompt once. The engine's `score` prefills each distinct
 prompt once and shares its KV pages between the rows that replay it. The dense actor runs each
@@ -38,7 +41,8 @@ def exact_batch_acceptance(
 ) -> Tensor:
     """(B, T) fp32 exact acceptance at completion positions, 0 elsewhere.
 
-    Call before the schedule changes: the engine's replay uses its current schedule, or
+    Rows with kept rollout logits (`batch.rollout_logits`) read them; the others are replayed
+    by the engine: call before the schedule changes, the replay uses its current schedule, or
     `schedules[b]` per row when given (those the rows were rolled out with; None: dense).
     `dense_model` is the actor's HF model (under ZeRO-3 every rank must call this together,
     with as many rows as the others). A micro-batch holds whole prompt groups, up to
@@ -46,7 +50,7 @@ def exact_batch_acceptance(
     """
     temperature = temperature if temperature > 0 else 1.0
     prompts, completions = _split(batch)
-    sparse_logits = engine.score(prompts, completions, schedules)  # list of (T_i, V)
+    sparse_logits = rollout_logits(engine, batch, prompts, completions, schedules)  # (T_i, V)
     accept = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (B, T)
     device = next(dense_model.parameters()).device
     runs = prompt_runs(prompts)  # (B,)
@@ -66,6 +70,31 @@ def exact_batch_acceptance(
             sparse = F.log_softmax(sparse_logits[b].to(device).float() / temperature, -1)
             accept[b, p0 : p0 + n] = exact_acceptance(dense, sparse).cpu()
     return accept
+
+
+def rollout_logits(
+    engine,
+    batch: RolloutBatch,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    schedules: list | None,
+) -> list[Tensor]:
+    """Per row (C_b, V): the logits the engine kept while sampling it, else its replay (one
+    `engine.score` call for the rows without, none when every row has them)."""
+    logits = list(batch.rollout_logits or [None] * len(batch))
+    missing = [b for b, x in enumerate(logits) if x is None]
+    if missing:
+        replayed = engine.score(
+            [prompts[b] for b in missing],
+            [completions[b] for b in missing],
+            None if schedules is None else [schedules[b] for b in missing],
+        )
+        for b, x in zip(missing, replayed, strict=True):
+            logits[b] = x
+    for b, x in enumerate(logits):
+        if x.shape[0] != len(completions[b]):
+            raise ValueError(f"row {b}: {x.shape[0]} logits for {len(completions[b])} tokens")
+    return logits
 
 
 def prompt_runs(prompts: list[list[int]]) -> Tensor:
