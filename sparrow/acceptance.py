@@ -26,7 +26,7 @@ class MonitorConfig:
     bin_tokens: int = 2000  # width of a position bin (absolute position, prompt + generated)
     top_k: int = 20  # K of the top-K bound; read by the engine and the actor that produce top-K
     exact: bool = False  # also compute exact full-vocabulary acceptance (actor reads; costs a pass)
-    exact_fraction: float = 1.0  # share of sequences replayed for the exact acceptance (cost)
+    exact_fraction: float = 1.0  # share of sequences measured exactly (their T x V logits kept)
     noise_floor_fraction: float = 0.0  # share of prompts rolled out densely (trainer reads)
     speedup_every: int = 0  # every N steps time a dense rollout of the same prompts; 0: never
 

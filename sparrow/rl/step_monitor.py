@@ -89,14 +89,31 @@ class StepMonitor:
 
     # ---- acceptance -------------------------------------------------------------------------
 
+    def exact_rows(self, floor_rows: Tensor) -> Tensor:
+        """(B,) bool, the rows the exact acceptance measures: every k-th sequence (all groups
+        alike; k from `monitor.exact_fraction`) and every noise-floor one (`floor_rows`)."""
+        stride = max(1, round(1 / self.cfg.monitor.exact_fraction))
+        return (torch.arange(len(floor_rows)) % stride == 0) | floor_rows
+
+    def logit_rows(self, num_prompts: int, n_floor: int) -> list[bool] | None:
+        """Which sequences of the rollout (prompt-major, `rl.group_size` each, the last `n_floor`
+        prompts dense) keep their logits for `measure`, which then replays none of them; None
+        when `monitor.exact` is off."""
+        if not self.cfg.monitor.exact:
+            return None
+        group = self.cfg.rl.group_size
+        floor = [i >= num_prompts - n_floor for i in range(num_prompts) for _ in range(group)]
+        return self.exact_rows(torch.tensor(floor)).tolist()
+
     def measure(
         self, step: int, batch: RolloutBatch, dense, floor_rows: Tensor
     ) -> tuple[dict, list[BinStats]]:
         """Metrics of the step's acceptance, and the per-bin stats the controller reads.
 
         The controller reads the exact full-vocabulary acceptance when `monitor.exact` is on
-        (a second, teacher-forced decode pass under the schedule the batch was rolled out
-        with: call before the schedule changes), else the paper's top-K bound; the bound is
+        (from the rollout logits the batch carries for the `exact_rows`, else from a second,
+        teacher-forced decode pass under the schedule the batch was rolled out with: call
+        before the schedule changes), else the paper's top-K bound; the bound is
         always logged beside it (`accept_topk/...`). Rows rolled out densely (`floor_rows`,
         (B,) bool) measure the noise floor (`noise_floor/...`) and are kept out of the stats.
         """
@@ -112,11 +129,8 @@ class StepMonitor:
         self.monitor.reset()
         metrics = self._bin_metrics(step, "accept_topk", bound, sparse_mask)
         if self.cfg.monitor.exact:
-            # Every k-th sparse sequence (all groups alike) and every noise-floor one: the replay
-            # costs about one more rollout of those rows.
-            stride = max(1, round(1 / self.cfg.monitor.exact_fraction))
             rows = torch.arange(len(batch))
-            keep = (rows % stride == 0) & ~floor_rows | floor_rows
+            keep = self.exact_rows(floor_rows)  # (B,) bool
             sub = batch.select(rows[keep])
             sub_floor = floor_rows[keep]
             sparse = self.engine.schedule

@@ -7,8 +7,8 @@ controller -> update -> weight sync -> eval -> checkpoint.
 Departures from the Sparrow paper's recipe (DESIGN.md §1), on purpose:
 - the budget schedule is set online by a closed-loop controller from this step's p5 acceptance
   (the paper calibrates an offline table; `schedule.mode=fixed` reproduces that);
-- acceptance is exact over the full vocabulary where affordable (`monitor.exact`: a teacher-forced
-  replay of a share of the sequences), with the paper's top-K lower bound logged beside it; a
+- acceptance is exact over the full vocabulary where affordable (`monitor.exact`: the rollout
+  logits the engine keeps for a share of the sequences), with the paper's top-K bound beside it; a
   share of prompts can be rolled out densely to log the noise floor (`monitor.noise_floor_fraction`)
   and every few steps a dense rollout is timed for the measured speedup (`monitor.speedup_every`);
 - one optimizer update per rollout batch (on-policy up to the sparse/dense mismatch, which TIS
@@ -150,12 +150,14 @@ class GRPOTrainer:
             len(prompts), engine_is_dense_policy=sparse is not None and self.distill is None
         )
         prompt_ids = [p.token_ids for p in prompts]
+        keep_logits = self.step_monitor.logit_rows(len(prompts), n_floor)  # exact monitor's rows
         outputs = self.engine.generate(
             prompt_ids,
-            self.sampling,
+            replace(self.sampling, return_logits=keep_logits is not None),
             n=cfg.rl.group_size,
             progress=cfg.rollout.progress and self.rank == 0,
             schedules=self.step_monitor.rollout_schedules(len(prompts), n_floor, sparse),
+            logits_rows=keep_logits,
         )
         rollout_stats = self.engine.last_stats
         group_offset = self.rank * len(prompts)
@@ -194,6 +196,9 @@ class GRPOTrainer:
         t_logprobs = time.perf_counter()
         floor_rows = torch.tensor([o.prompt_index >= len(prompts) - n_floor for o in outputs])
         accept_metrics, stats = self.step_monitor.measure(self.step, batch, dense, floor_rows)
+        batch.rollout_logits = None  # the monitor's (C_b, V) rows: free them before the update
+        for o in outputs:
+            o.logits = None
         accept_metrics |= self._control(batch, stats)
 
         num_tokens = self._global_sum(batch.completion_mask.sum())
