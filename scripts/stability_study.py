@@ -70,8 +70,9 @@ DISTILL_RUN = StudyRun(
 # The alternative when the long documents cost too much for the CPU budget: ~600 words (~800
 # tokens) per document, so every forward and backward pass is ~4x cheaper; all else the same.
 SHORT_OVERRIDES = ("data.tasks.context_words=600",)
-# Sized to finish in ~1.5 h on this 2-core CPU with two runs at a time (one core each; a step
-# measured 107 s on one idle core): ~450-token prompts (all in position bin 0), 12 steps. The start
+# Sized for one session on this 2-core CPU with two runs at a time (one core each; a step measured
+# 107 s on one idle core; the five runs took 2 h 00 min on a loaded machine, docs/stability/quick):
+# ~450-token prompts (all in position bin 0), 12 steps. The start
 # budget of 16 pages (256 tokens, about half the context) lets the controller move either way, and
 # patience 2 lets it move within 12 steps; lr 3e-5 so that 12 steps of 8 samples move the policy.
 QUICK_OVERRIDES = (
