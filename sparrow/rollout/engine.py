@@ -8,6 +8,8 @@ sampler draws one token per sequence, and finished sequences (EOS, a stop token 
 tokens) release their pages. Decode attention is block-sparse with a per-sequence budget from
 `schedule(context_tokens) -> pages` (None, or a None budget: dense). `score` teacher-forces given
 completions through the same paths, to compare the engine's policy with another one.
+`set_lora` adds an unmerged low-rank delta that acts only on sparsely decoded tokens (budget <
+pages), in generate and score alike: DistillSparse's gated adapter.
 
 A preempted sequence is rebuilt by a dense prefill over its prompt + generated tokens, so its
 later tokens attend to densely computed K/V of its earlier ones; the recorded log-probs are
@@ -91,8 +93,16 @@ class LLMEngine:
         self.schedule = schedule
 
     def update_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Copy HF-named weights (any subset; e.g. base + merged LoRA) in place; cache untouched."""
+        """Copy HF-named weights (any subset; e.g. base + merged LoRA) in place; cache untouched.
+        A LoRA set with `set_lora` is kept."""
         self.runner.model.load_state_dict(state_dict)
+
+    def set_lora(self, factors: dict[str, tuple[Tensor, Tensor]] | None) -> None:
+        """An unmerged LoRA applied only at sparse decode steps (budget < pages; every layer of
+        the row, the K/V it writes included); prefill and dense rows use the plain weights.
+        factors: HF module name (`model.layers.3.self_attn.q_proj`) -> (A (r, in), B (out, r)
+        pre-multiplied by the LoRA scaling), copied; None removes the adapter."""
+        self.runner.model.set_lora(factors)
 
     def generate(
         self,

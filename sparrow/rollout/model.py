@@ -6,7 +6,8 @@ prompts (N, hidden) and runs dense causal attention per prompt; decode takes one
 sequence (B, hidden) and attends through the paged KV cache (paged_attention.py). The q/k/v and
 gate/up projections are fused into one matrix each (fewer, larger matmuls). Weights are the
 engine's own copy, so `load_state_dict` can refresh them in place from any HF-named state dict
-(the trainer's, or base + merged LoRA) without touching the KV cache.
+(the trainer's, or base + merged LoRA) without touching the KV cache. An unmerged LoRA
+(`set_lora`, lora.py) adds its delta only on the decode rows a gate selects.
 """
 
 from collections.abc import Callable, Mapping
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sparrow.rollout.linear import Linear
+from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras
 from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
 from sparrow.rollout.rope import Rope, apply_rope, rope_from_config
 
@@ -131,6 +133,7 @@ class DecoderModel:
             for _ in range(s.num_layers)
         ]
         self._targets = self._parameter_views()
+        self.lora: list[LayerLora] | None = None  # per layer; None: no adapter, no extra ops
         loaded = self.load_state_dict(state_dict)
         missing = set(self._targets) - loaded - {"lm_head.weight"}
         if missing:
@@ -191,6 +194,15 @@ class DecoderModel:
         self.linear.repack(self._matrices())
         return loaded
 
+    def set_lora(self, factors: Mapping[str, tuple[Tensor, Tensor]] | None) -> None:
+        """Unmerged LoRA: HF module name -> (A (r, in), B scaled (out, r)), copied; None removes
+        it. Kept across `load_state_dict`; applied only where `decode` gets a gate."""
+        if factors is None:
+            self.lora = None
+            return
+        named = {hf_weight_name(name): pair for name, pair in factors.items()}
+        self.lora = build_layer_loras(named, self._targets, self.shape.num_layers)
+
     def _matrices(self) -> list[Tensor]:
         mats = [self.lm_head]
         for w in self.layers:
@@ -226,40 +238,63 @@ class DecoderModel:
         return self._logits(hidden[last_rows])
 
     def decode(
-        self, input_ids: Tensor, positions: Tensor, kv: PagedKVCache, meta: DecodeMetadata
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv: PagedKVCache,
+        meta: DecodeMetadata,
+        lora_gate: Tensor | None = None,
     ) -> Tensor:
-        """One token per sequence: input_ids, positions (B,) -> logits (B, V) fp32."""
+        """One token per sequence: input_ids, positions (B,) -> logits (B, V) fp32.
+        lora_gate (B,) 0/1 in the model dtype: rows whose whole forward adds the LoRA delta."""
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             return kv.decode_attention(layer, q, k, v, meta)
 
-        return self._logits(self._forward(input_ids, positions, attend))
+        return self._logits(self._forward(input_ids, positions, attend, lora_gate))
 
     def _forward(
         self,
         input_ids: Tensor,
         positions: Tensor,
         attend: Callable[[int, Tensor, Tensor, Tensor], Tensor],
+        lora_gate: Tensor | None = None,
     ) -> Tensor:
         s = self.shape
+        lora = self.lora if lora_gate is not None else None
         n = input_ids.shape[0]
         num_qk_heads = s.num_q_heads + s.num_kv_heads
         cos, sin = self.rope.cos_sin(positions, self.dtype)  # (N, 1, D/2) each
         x = F.embedding(input_ids, self.embed)  # (N, hidden)
         for i, w in enumerate(self.layers):
+            d = None if lora is None else lora[i]
             h = rms_norm(x, w.input_norm, s.rms_eps)
-            qkv = self.linear(h, w.qkv, w.qkv_bias).view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
+            qkv = self._project(h, w.qkv, w.qkv_bias, d and d.qkv, lora_gate)
+            qkv = qkv.view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
             qk, v = qkv[:, :num_qk_heads], qkv[:, num_qk_heads:]  # (N, H_q + H_kv, D), (N, H_kv, D)
             if w.qk_norm is not None:
                 qk = rms_norm(qk, w.qk_norm, s.rms_eps)
             qk = apply_rope(qk, cos, sin)  # q and k heads rotated together
             q, k = qk[:, : s.num_q_heads], qk[:, s.num_q_heads :]  # (N, H_q, D), (N, H_kv, D)
             o = attend(i, q, k, v)  # (N, H_q, D)
-            x = x + self.linear(o.reshape(n, -1), w.o, w.o_bias)
+            x = x + self._project(o.reshape(n, -1), w.o, w.o_bias, d and d.o, lora_gate)
             h = rms_norm(x, w.post_norm, s.rms_eps)
-            gate, up = self.linear(h, w.gate_up).chunk(2, dim=-1)  # (N, I) each
-            x = x + self.linear(F.silu(gate) * up, w.down)
+            gate_up = self._project(h, w.gate_up, None, d and d.gate_up, lora_gate)
+            gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
+            x = x + self._project(F.silu(gate) * up, w.down, None, d and d.down, lora_gate)
         return x
+
+    def _project(
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        delta: LowRankDelta | None,
+        gate: Tensor | None,
+    ) -> Tensor:
+        """x (N, in) -> (N, out): x W^T + b, plus the LoRA delta on the gated rows."""
+        y = self.linear(x, weight, bias)
+        return y if delta is None else y + delta(x, gate)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         hidden = rms_norm(hidden, self.final_norm, self.shape.rms_eps)

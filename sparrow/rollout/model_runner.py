@@ -5,7 +5,8 @@ both allocated once. `prefill` takes groups of sequences with identical tokens (
 prompt, or one recomputed sequence): the tokens of each group go through the model once; the K/V
 of full pages are written once into the group's shared pages and those of the partial last page
 into every member's private page. `decode` runs one token per sequence with the per-sequence
-budgets (None: dense). Run under torch.inference_mode.
+budgets (None: dense); with an unmerged LoRA set on the model, only the rows whose budget drops
+pages add its delta (DistillSparse's gated mode). Run under torch.inference_mode.
 """
 
 import torch
@@ -119,10 +120,23 @@ class ModelRunner:
             budgets=None if budgets is None else self._to(torch.tensor(budgets, dtype=torch.int32)),
         )
         input_ids = torch.tensor([s.last_token_id for s in seqs], dtype=torch.int64)
-        logits = self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta)
+        gate = self._lora_gate(seqs, budgets)
+        logits = self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta, gate)
         if update_summaries:
             self.kv.update_summaries(meta.last_page_ids, meta.last_page_fill)
         return logits
+
+    def _lora_gate(self, seqs: list[Sequence], budgets: list[int] | None) -> Tensor | None:
+        """(B,) 1 where the step is sparse (budget < ceil(context / PAGE), the input token
+        included), else 0; None when no LoRA is set or no row is sparse. Built from host lists,
+        so it costs no device sync."""
+        if self.model.lora is None or budgets is None:
+            return None
+        ps = self.page_size
+        sparse = [b < -(-s.num_tokens // ps) for s, b in zip(seqs, budgets, strict=True)]
+        if not any(sparse):
+            return None
+        return self._to(torch.tensor(sparse, dtype=self.model.dtype))
 
     def _to(self, t: Tensor) -> Tensor:
         return t.to(self.device, non_blocking=True)
