@@ -4,7 +4,11 @@
     ...  # after the dense GRPO update of theta:
     distill.load_base(theta_state_dict)          # theta frozen inside the sparse policy
     metrics = distill.step(batch, dense.token_logprobs, advantages_tok, temperature)
-    engine.update_weights(distill.merged_state_dict())   # the engine samples from theta + phi
+    # cfg.gate (default): theta in the engine's weights, phi acts only at sparse decode steps
+    engine.update_weights(theta_state_dict)
+    engine.set_lora(distill.lora_factors())
+    # cfg.gate=False: theta + phi merged, at every token
+    engine.update_weights(distill.merged_state_dict())
 
 The adapter phi has its own AdamW optimizer; the loss is sparrow.distill.loss over the rollout,
 run through the training-time block-sparse attention with the budgets the engine recorded.
@@ -39,6 +43,7 @@ class DistillConfig:
     lambda_kl: float = 0.0  # weight of KL(dense_old || sparse) over the dense top-K + rest bucket
     grad_clip: float = 1.0  # clip the adapter's gradient 2-norm to this; 0 disables clipping
     micro_batch_size: int = 4  # sequences per sparse forward + backward
+    gate: bool = True  # phi only at sparse decode steps (budget < pages); False: merged everywhere
 
     def __post_init__(self):
         if self.rank < 1 or self.micro_batch_size < 1:
@@ -68,6 +73,7 @@ class DistillSparse:
             alpha=cfg.alpha,
             dropout=cfg.dropout,
             target_modules=cfg.target_modules,
+            gate=cfg.gate,
         )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.lr_factor * actor_lr, weight_decay=0.0
@@ -136,6 +142,10 @@ class DistillSparse:
     def merged_state_dict(self) -> dict[str, Tensor]:
         """theta + phi, HF-named, for `LLMEngine.update_weights`."""
         return self.policy.merged_state_dict()
+
+    def lora_factors(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """phi as (A, scaled B) per HF module name, for `LLMEngine.set_lora` (gated mode)."""
+        return self.policy.lora_factors()
 
     def load_base(self, state_dict: dict[str, Tensor]) -> None:
         """Take the dense actor's updated theta (HF names) as the frozen base."""

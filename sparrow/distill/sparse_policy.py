@@ -4,13 +4,20 @@ DistillSparse (DESIGN.md §1) gives the sparse policy its own adapter phi on top
 weights theta. This module owns that model: a deep copy of the HF policy (the dense actor never
 sees the adapter), wrapped by peft with LoRA on every linear layer of the decoder, with the
 training-time block-sparse attention (sparse_attention.py) as its attention function. It answers
-four questions: the sparse log-probs of rollout tokens (with grad into the adapter only), the
-merged HF-named weights theta + phi for `LLMEngine.update_weights`, taking a new theta from the
-dense actor, and the adapter's tensors for checkpoints.
+five questions: the sparse log-probs of rollout tokens (with grad into the adapter only), phi for
+the engine (merged into theta for `LLMEngine.update_weights`, or as factors for
+`LLMEngine.set_lora`), taking a new theta from the dense actor, and the adapter's tensors for
+checkpoints.
+
+Gated mode (`gate=True`): phi acts only at sparse tokens, those whose query reads fewer pages than
+its context holds (budget < ceil((t + 1) / PAGE)); every layer of such a position, the K/V it
+writes included, uses W + s B A, every other position W. A forward hook on each LoRA B scales its
+output by that per-position gate, which is exactly the engine's gated decode step for the token.
 """
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +46,9 @@ class SparsePolicy:
         alpha: float,
         dropout: float,
         target_modules: str | list[str],
+        gate: bool = False,
     ):
+        """gate: phi only at sparse tokens (see the module docstring); False: at every token."""
         model = copy.deepcopy(base_model)
         model.set_attn_implementation(register_attention())
         lora = LoraConfig(
@@ -61,6 +70,23 @@ class SparsePolicy:
         self._lora: dict[str, LoraLayer] = {
             name: m for name, m in self.model.named_modules() if isinstance(m, LoraLayer)
         }
+        self.gated = gate
+        self._gate: Tensor | None = None  # (B, L, 1) during a gated forward
+        if gate:
+            for layer in self._lora.values():
+                layer.lora_B[ADAPTER].register_forward_hook(self._gate_output)
+
+    def _gate_output(self, module, args, output: Tensor) -> Tensor:
+        """LoRA B's output (B, L, out) times the current gate; unchanged outside a gated forward."""
+        return output if self._gate is None else output * self._gate
+
+    @contextmanager
+    def _gated(self, gate: Tensor | None) -> Iterator[None]:
+        self._gate = gate
+        try:
+            yield
+        finally:
+            self._gate = None
 
     def parameters(self) -> list[Tensor]:
         """The adapter's trainable tensors (LoRA A and B of every wrapped layer)."""
@@ -88,7 +114,9 @@ class SparsePolicy:
         mask = completion_mask[:, :used_len].to(device)  # (B, L)
         budgets = query_budgets(budget_pages[:, :used_len].to(device), mask, self.attn.page_size)
         meta = SparseForwardMetadata(self.attn, budgets)
-        hidden = self.model.get_decoder()(input_ids=ids, sparrow_sparse=meta).last_hidden_state
+        gate = self.sparse_positions(budgets)[..., None].float() if self.gated else None
+        with self._gated(gate):  # (B, L, 1)
+            hidden = self.model.get_decoder()(input_ids=ids, sparrow_sparse=meta).last_hidden_state
         targets = mask[:, 1:]  # (B, L - 1): hidden at t - 1 predicts the token at t
         rows = hidden[:, :-1][targets]  # (N, H)
         logits = self.model.get_output_embeddings()(rows).float() / temperature  # (N, V)
@@ -103,6 +131,24 @@ class SparsePolicy:
         topk_lp = logprobs.gather(-1, ids_k)  # (N, K)
         out_k = torch.zeros((*input_ids.shape, ids_k.shape[-1]), device=device)  # (B, T, K)
         return token_lp, out_k.masked_scatter(full_mask[..., None], topk_lp)
+
+    def sparse_positions(self, budgets: Tensor) -> Tensor:
+        """(B, L) query budgets -> (B, L) bool: the query at t reads fewer pages than its
+        context (t + 1 tokens) holds, as the engine's decode step for the token at t + 1."""
+        positions = torch.arange(budgets.shape[1], device=budgets.device)  # (L,)
+        return budgets < positions // self.attn.page_size + 1  # ceil((t + 1) / PAGE)
+
+    @torch.no_grad()
+    def lora_factors(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """phi for `LLMEngine.set_lora`: HF module name -> (A (r, in), s B (out, r)), B scaled
+        by peft's alpha / r, detached."""
+        return {
+            name: (
+                layer.lora_A[ADAPTER].weight.detach(),
+                layer.lora_B[ADAPTER].weight.detach() * layer.scaling[ADAPTER],
+            )
+            for name, layer in self._lora.items()
+        }
 
     @torch.no_grad()
     def merged_state_dict(self) -> dict[str, Tensor]:

@@ -18,7 +18,7 @@ def test_group_files_validate(name, enabled):
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, DistillConfig) and cfg.enabled is enabled
     if enabled:
-        assert cfg.lambda_k3 == 1e-3 and cfg.target_modules == "all-linear"
+        assert cfg.lambda_k3 == 1e-3 and cfg.target_modules == "all-linear" and cfg.gate
 
 
 def test_bad_values_are_refused():

@@ -73,7 +73,7 @@ def test_step_trains_only_the_adapter_and_merges_into_the_engine(tokenizer):
     rollout = make_rollout(tokenizer, "qwen3", seed=1)
     batch = rollout.batch
     original = {k: v.clone() for k, v in rollout.model.state_dict().items()}
-    distill = _distill(rollout)
+    distill = _distill(rollout, gate=False)  # merged phi (the gated mode: test_gated_adapter.py)
     base_before = {k: v.clone() for k, v in distill.policy._base.items()}
     adapter_before = distill.policy.adapter_state_dict()
     metrics = distill.step(
