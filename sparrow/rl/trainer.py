@@ -146,8 +146,10 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         prompts = next(self.prompts)[self.rank :: self.world]  # this rank's share
         sparse = self.engine.schedule  # None in dense mode
+        # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
+        dense_is_theta = self.distill is None or self.distill.cfg.gate
         n_floor = self.step_monitor.num_noise_floor_prompts(
-            len(prompts), engine_is_dense_policy=sparse is not None and self.distill is None
+            len(prompts), engine_is_dense_policy=sparse is not None and dense_is_theta
         )
         prompt_ids = [p.token_ids for p in prompts]
         keep_logits = self.step_monitor.logit_rows(len(prompts), n_floor)  # exact monitor's rows
@@ -298,11 +300,14 @@ class GRPOTrainer:
         return metrics
 
     def _sync_engine(self) -> None:
-        """The rollout policy's weights into the engine: theta, or theta + phi merged."""
-        if self.distill is None:
-            self.engine.update_weights(self.actor.gathered_state_dict())
-        else:
+        """The rollout policy's weights into the engine: theta; with DistillSparse also phi,
+        unmerged and gated to sparse decode steps (distill.gate), or merged into theta."""
+        if self.distill is not None and not self.distill.cfg.gate:
             self.engine.update_weights(self.distill.merged_state_dict())
+            return
+        self.engine.update_weights(self.actor.gathered_state_dict())
+        if self.distill is not None:
+            self.engine.set_lora(self.distill.lora_factors())
 
     def _push_schedule(self) -> None:
         # No controller means schedule.mode=dense: the engine attends densely.
@@ -314,12 +319,14 @@ class GRPOTrainer:
         prompts = self.eval_data.prompts[: ecfg.num_prompts][self.rank :: self.world]
         params = SamplingParams(temperature=ecfg.temperature, max_tokens=ecfg.max_new_tokens)
         # The dense policy is what is trained and scored: evaluate without sparsity (and, with
-        # DistillSparse, without the adapter).
+        # DistillSparse, without the adapter: a gated one is off at dense steps by itself).
         self.engine.set_schedule(None)
-        if self.distill is not None:
+        merged = self.distill is not None and not self.distill.cfg.gate
+        if merged:
             self.engine.update_weights(self.actor.gathered_state_dict())
         result, correct = evaluate(self.engine, self.reward, prompts, params, self._global_sum)
-        self._sync_engine()
+        if merged:
+            self._sync_engine()
         self._push_schedule()
         result |= self._paired_delta(correct)
         if self.rank == 0:
