@@ -14,8 +14,13 @@ with the trained adapter, which keeps distilling on the controller's rollouts; t
 prompts for both arms. Reported: the KV-read ratio per step and its mean, the schedule and p5 per
 bin. Prints tables and writes JSON.
 
+`--gate` (default): phi acts only at tokens decoded sparsely (budget < pages), in training and in
+the engine (theta in its weights, phi as an unmerged LoRA: `LLMEngine.set_lora`), so densely
+attended tokens keep the dense policy; `--no-gate`: phi merged into theta, at every token (the
+runs written up in docs/distill/ before the gate existed).
+
     python scripts/distill_experiment.py --steps 1 --eval-prompts 2 --prompts-per-step 2 \
-        --group-size 2 --max-new-tokens 40 --budget-pages 3             # smoke, ~2 min
+        --group-size 2 --max-new-tokens 40 --budget-pages 3 --online-steps 2  # smoke, ~2 min
     python scripts/distill_experiment.py --out runs/distill_experiment.json      # full, ~30 min
 
 Defaults: pure distillation with the top-K KL (pg_coef 0, lambda_k3 0, lambda_kl 1), which
@@ -71,6 +76,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--gate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="phi only at sparsely decoded tokens (--no-gate: merged into every token)",
+    )
     p.add_argument("--out", default="runs/distill_experiment.json")
     return p.parse_args()
 
@@ -97,6 +108,7 @@ class Experiment:
             lambda_kl=args.lambda_kl,
             pg_coef=args.pg_coef,
             micro_batch_size=args.micro_batch_size,
+            gate=args.gate,
         )
         self.distill = DistillSparse(
             distill_cfg, self.model, self.engine.runner.kv.cfg, actor_lr=args.lr
@@ -110,22 +122,32 @@ class Experiment:
         self.advantages = make_advantage_fn(AdvantageConfig())
         self.params = SamplingParams(temperature=1.0, max_tokens=args.max_new_tokens)
 
-    def sparse_weights(self) -> dict:
-        return self.distill.merged_state_dict() if self.use_adapter else self.base
+    def load_sparse_policy(self) -> None:
+        """The engine as the sparse policy: theta + phi (gated: theta stays in the weights and
+        phi is an unmerged LoRA; merged: theta + phi in the weights), or theta alone."""
+        if self.args.gate:
+            self.engine.set_lora(self.distill.lora_factors() if self.use_adapter else None)
+        else:
+            merged = self.distill.merged_state_dict() if self.use_adapter else self.base
+            self.engine.update_weights(merged)
+        self.engine.set_schedule(self.sparse_schedule)
+
+    def load_dense_policy(self) -> None:
+        """The engine as theta, dense. A gated adapter is shut at dense steps by itself."""
+        if not self.args.gate:
+            self.engine.update_weights(self.base)
+        self.engine.set_schedule(None)
 
     def sample_sparse(self, prompts: list[list[int]], n: int):
-        self.engine.update_weights(self.sparse_weights())
-        self.engine.set_schedule(self.sparse_schedule)
+        self.load_sparse_policy()
         return self.engine.generate(prompts, self.params, n=n)
 
     def replay(self, prompts: list[list[int]], completions: list[list[int]], sparse: bool):
         """Full-vocabulary log-probs (T_i, V) per sequence: theta + phi sparse, or theta dense."""
         if sparse:
-            self.engine.update_weights(self.sparse_weights())
-            self.engine.set_schedule(self.sparse_schedule)
+            self.load_sparse_policy()
         else:
-            self.engine.update_weights(self.base)
-            self.engine.set_schedule(None)
+            self.load_dense_policy()
         return [torch.log_softmax(x, dim=-1) for x in self.engine.score(prompts, completions)]
 
     def acceptance(self, prompts, completions) -> tuple[torch.Tensor, torch.Tensor]:
