@@ -10,7 +10,7 @@ from sparrow.
 from torch import Tensor
 
 from .checks import check_decode_inputs, check_select_inputs
-from .decode_torch import paged_decode_torch
+from .decode_torch import GatherPlan, attend_planned, gather_plan, paged_decode_torch
 from .paged_cache import PageSummary, update_page_summaries, write_kv
 from .selection import SCORE_MODES, SelectedPages, page_scores_torch, select_from_scores
 
@@ -18,12 +18,15 @@ BACKENDS = ("auto", "torch", "triton")
 
 __all__ = [
     "BACKENDS",
+    "GatherPlan",
     "SCORE_MODES",
     "PageSummary",
     "SelectedPages",
+    "gather_plan",
     "paged_decode",
     "select_pages",
     "update_page_summaries",
+    "uses_triton",
     "write_kv",
 ]
 
@@ -57,7 +60,7 @@ def select_pages(
     # possible sequence, and scoring cost should follow the batch's actual context.
     num_columns = -(-int(seq_lens.max()) // page_size)
     page_table = page_table[:, :num_columns]
-    if _use_triton(backend, q):
+    if uses_triton(backend, q):
         from .score_triton import page_scores_triton
 
         scores = page_scores_triton(q, summary, page_table, seq_lens, score, page_size)
@@ -79,24 +82,30 @@ def paged_decode(
     scale: float | None = None,
     backend: str = "auto",
     validate: bool = True,
+    plan: GatherPlan | None = None,
 ) -> Tensor:
     """Decode attention of one query token per sequence over its selected pages.
 
     q: (B, H_q, D); k_cache, v_cache: (num_pages, PAGE_SIZE, H_kv, D); page_table: (B, max_pages)
     int32; seq_lens: (B,) int32 including the current token; selected=None attends to every page.
     Returns (B, H_q, D) in q's dtype. `validate=False` skips the value checks (page ids in range),
-    which cost a device sync; shapes, dtypes and strides are always checked.
+    which cost a device sync; shapes, dtypes and strides are always checked. `plan`: the torch
+    backend's gather plan of these page tables and lengths for `selected`, built once by
+    `gather_plan` and shared by the layers of a step (the Triton kernel reads pages in place).
     """
     check_decode_inputs(q, k_cache, v_cache, page_table, seq_lens, selected, validate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if _use_triton(backend, q):
+    if uses_triton(backend, q):
         from .decode_triton import paged_decode_triton
 
         return paged_decode_triton(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
+    if plan is not None:
+        return attend_planned(q, k_cache, v_cache, plan, scale)
     return paged_decode_torch(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
 
 
-def _use_triton(backend: str, q: Tensor) -> bool:
+def uses_triton(backend: str, q: Tensor) -> bool:
+    """Whether `backend` runs the Triton kernels for tensors like `q` (auto: on CUDA)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     return backend == "triton" or (backend == "auto" and q.is_cuda)

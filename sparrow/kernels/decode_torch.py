@@ -4,7 +4,13 @@ One query token per sequence attends to the selected pages of its KV head. Vecto
 batch: one index_select gathers exactly the selected pages' tokens (so the cost scales with the
 budget, not the context) straight into the (B, H_kv, tokens, D) layout SDPA wants, then one fp32
 torch SDPA call with a boolean mask for positions past seq_len and padding slots.
+
+Which cache rows to gather and the mask depend only on the page table, the lengths and the
+selection, not on the layer: a `GatherPlan` built once per decode step serves every dense layer
+(each layer's cache has the same layout), which saves ~20 small ops per layer.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -13,22 +19,24 @@ from torch import Tensor
 from .selection import SelectedPages
 
 
-def paged_decode_torch(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+@dataclass
+class GatherPlan:
+    rows: Tensor  # (B * H_kv * S * PAGE,) int64 rows of a cache viewed as (pages*PAGE*H_kv, D)
+    bias: Tensor  # (B, H_kv, 1, S * PAGE) fp32 attention bias: 0 where attended, -inf elsewhere
+
+
+def gather_plan(
     page_table: Tensor,
     seq_lens: Tensor,
     selected: SelectedPages | None,
-    scale: float,
-) -> Tensor:
-    """Decode attention over selected pages (all pages when `selected` is None). Returns (B, H_q, D)
-    in q's dtype. Inputs are assumed validated (see checks.py)."""
-    batch, num_q_heads, head_dim = q.shape
-    _, page_size, num_kv_heads, _ = k_cache.shape
-    group = num_q_heads // num_kv_heads
-    device = q.device
-    num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
+    page_size: int,
+    num_kv_heads: int,
+) -> GatherPlan:
+    """The cache rows and mask of one decode step (all pages when `selected` is None)."""
+    batch = page_table.shape[0]
+    device = page_table.device
+    seq_lens = seq_lens.long()  # (B,)
+    num_logical = (seq_lens + page_size - 1) // page_size  # (B,)
 
     if selected is None:
         num_slots = int(num_logical.max())
@@ -48,20 +56,51 @@ def paged_decode_torch(
     heads = torch.arange(num_kv_heads, device=device)[None, :, None, None]  # (1, H_kv, 1, 1)
     rows = (phys[..., None] * page_size + offsets) * num_kv_heads + heads  # (B, H_kv, S, PAGE_SIZE)
     position = logical[..., None] * page_size + offsets  # (B, H_kv, S, PAGE_SIZE)
-    token_valid = slot_valid[..., None] & (position < seq_lens.long()[:, None, None, None])
+    token_valid = slot_valid[..., None] & (position < seq_lens[:, None, None, None])
     # Slots past seq_len may hold garbage, even NaN, which a masked SDPA still multiplies by its
     # zero probability (NaN): read the row's first token there instead (always valid) and mask it.
     # Cheaper than a torch.where pass over the gathered K/V.
     rows = torch.where(token_valid, rows, rows[:, :, :1, :1]).reshape(-1)
-    num_tokens = num_slots * page_size
-    keys = k_cache.reshape(-1, head_dim).index_select(0, rows).float()
-    values = v_cache.reshape(-1, head_dim).index_select(0, rows).float()
+    mask = token_valid.view(batch, num_kv_heads, 1, num_slots * page_size)
+    # SDPA would turn a boolean mask into this bias on every call; a plan serves many layers.
+    bias = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+    bias.masked_fill_(~mask, -torch.inf)
+    return GatherPlan(rows=rows, bias=bias)
+
+
+def attend_planned(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: GatherPlan, scale: float
+) -> Tensor:
+    """Decode attention over the tokens `plan` names. q (B, H_q, D) -> (B, H_q, D) in q's dtype."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    num_tokens = plan.bias.shape[-1]
+    keys = k_cache.reshape(-1, head_dim).index_select(0, plan.rows).float()
+    values = v_cache.reshape(-1, head_dim).index_select(0, plan.rows).float()
     keys = keys.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
     values = values.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
-    mask = token_valid.view(batch, num_kv_heads, 1, num_tokens)  # (B, H_kv, 1, S*PAGE_SIZE)
 
     # The group's G query heads are SDPA's query rows against their KV head's keys: GQA without
     # repeating K/V. The fused SDPA kernel is several times faster than matmul + softmax + matmul.
     q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
-    out = F.scaled_dot_product_attention(q_groups, keys, values, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q_groups, keys, values, attn_mask=plan.bias, scale=scale
+    )  # (B, H_kv, G, D)
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)  # (B, H_q, D)
+
+
+def paged_decode_torch(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    selected: SelectedPages | None,
+    scale: float,
+) -> Tensor:
+    """Decode attention over selected pages (all pages when `selected` is None). Returns (B, H_q, D)
+    in q's dtype. Inputs are assumed validated (see checks.py)."""
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    plan = gather_plan(page_table, seq_lens, selected, page_size, num_kv_heads)
+    return attend_planned(q, k_cache, v_cache, plan, scale)

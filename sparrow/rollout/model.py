@@ -90,7 +90,10 @@ class LayerWeights:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """As transformers does it: normalise in fp32, cast back, then scale."""
+    """As transformers does it: normalise in fp32, cast back, then scale. In fp32 that is torch's
+    fused rms_norm (same values, one op instead of six: decode is dispatch-bound at small batch)."""
+    if x.dtype == weight.dtype == torch.float32 and weight.dim() == 1:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -264,7 +267,7 @@ class DecoderModel:
         lora = self.lora if lora_gate is not None else None
         n = input_ids.shape[0]
         num_qk_heads = s.num_q_heads + s.num_kv_heads
-        cos, sin = self.rope.cos_sin(positions, self.dtype)  # (N, 1, D/2) each
+        cos, sin = self.rope.cos_sin(positions, self.dtype)  # (N, 1, D) each
         x = F.embedding(input_ids, self.embed)  # (N, hidden)
         for i, w in enumerate(self.layers):
             d = None if lora is None else lora[i]

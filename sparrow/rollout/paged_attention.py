@@ -17,7 +17,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sparrow.kernels import PageSummary, paged_decode, select_pages, update_page_summaries, write_kv
+from sparrow.kernels import (
+    GatherPlan,
+    PageSummary,
+    gather_plan,
+    paged_decode,
+    select_pages,
+    update_page_summaries,
+    uses_triton,
+    write_kv,
+)
 
 
 @dataclass
@@ -48,6 +57,7 @@ class DecodeMetadata:
     last_page_ids: Tensor  # (B,) int64, page the input token lands in
     last_page_fill: Tensor  # (B,) int64, valid tokens in that page after the write
     budgets: Tensor | None  # (B,) int32 pages per sparse layer; None: every layer dense
+    dense_plan: GatherPlan | None = None  # torch backend: built by the step's first dense layer
 
 
 class PagedKVCache:
@@ -123,6 +133,13 @@ class PagedKVCache:
                 backend=self.cfg.backend,
                 validate=False,
             )
+        plan = None
+        if selected is None and not uses_triton(self.cfg.backend, q):
+            if meta.dense_plan is None:  # the same rows and mask for every dense layer
+                meta.dense_plan = gather_plan(
+                    meta.page_table, meta.seq_lens, None, self.cfg.page_size, k_cache.shape[2]
+                )
+            plan = meta.dense_plan
         # validate=False: the runner builds page tables from the block manager and budgets of at
         # least num_sink + num_recent; the value checks would cost a device sync per layer.
         return paged_decode(
@@ -134,4 +151,5 @@ class PagedKVCache:
             selected,
             backend=self.cfg.backend,
             validate=False,
+            plan=plan,
         )

@@ -21,17 +21,20 @@ class Rope:
     attention_scaling: float  # multiplies cos and sin (1.0 except for yarn-like types)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """positions (N,) int64 -> cos, sin (N, 1, D/2) in `dtype`, broadcast over heads."""
+        """positions (N,) int64 -> (cos, cos), (-sin, sin) as (N, 1, D) in `dtype`, broadcast over
+        heads: full width with sin's sign folded in, so `apply_rope` is four ops per call."""
         freqs = positions.float()[:, None] * self.inv_freq  # (N, D/2), fp32 as in transformers
         cos = (freqs.cos() * self.attention_scaling).to(dtype)
         sin = (freqs.sin() * self.attention_scaling).to(dtype)
-        return cos[:, None, :], sin[:, None, :]
+        return torch.cat((cos, cos), -1)[:, None, :], torch.cat((-sin, sin), -1)[:, None, :]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (N, H, D) rotated in halves (the HF `rotate_half` convention), same dtype."""
-    x1, x2 = x.chunk(2, dim=-1)  # (N, H, D/2) each
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """x (N, H, D) rotated in halves (the HF `rotate_half` convention), same dtype; cos, sin from
+    `Rope.cos_sin`. x1 cos + x2 (-sin) equals HF's x1 cos - x2 sin exactly (negation is exact)."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # (N, H, D): (x2, x1)
+    return x * cos + swapped * sin
 
 
 def rope_parameters(config) -> dict:
