@@ -40,28 +40,49 @@ def page_scores_torch(
     (they are masked by `select_from_scores`). Quest's bound sum_d max(q_d*min_d, q_d*max_d) is
     split as relu(q).max + min(q, 0).min so that it becomes two batched matmuls; it is taken per
     query head and then maxed over the GQA group (the bound for the group's best head).
+
+    The n samples of a prompt share its pages, so when the batch's distinct pages are at most
+    half its page-table entries, each distinct page's summary is read once and scored against
+    every query (one matmul per KV head), and the scores are then indexed out per sequence:
+    reading the summaries, not the arithmetic, is the cost on CPU.
     """
     batch, num_q_heads, head_dim = q.shape
-    num_pages, num_kv_heads, _ = summary.k_mean.shape
+    num_kv_heads = summary.k_mean.shape[1]
     group = num_q_heads // num_kv_heads
     max_pages = page_table.shape[1]
     num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
     in_use = torch.arange(max_pages, device=q.device)[None, :] < num_logical[:, None]
-    phys = torch.where(in_use, page_table.long(), 0).reshape(-1)  # (B * max_pages,)
+    phys = torch.where(in_use, page_table.long(), 0)  # (B, max_pages)
     q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
-
-    def gathered(table: Tensor) -> Tensor:  # (B, H_kv, D, max_pages)
-        rows = table.index_select(0, phys).view(batch, max_pages, num_kv_heads, head_dim)
-        return rows.permute(0, 2, 3, 1)
-
+    if score not in SCORE_MODES:
+        raise ValueError(f"score must be one of {SCORE_MODES}, got {score!r}")
     if score == "centroid":
-        q_mean = q_groups.mean(dim=2, keepdim=True)  # (B, H_kv, 1, D)
-        return torch.matmul(q_mean, gathered(summary.k_mean)).squeeze(2)  # (B, H_kv, max_pages)
-    if score == "quest":
-        bound = torch.matmul(q_groups.clamp(min=0), gathered(summary.k_max))  # (B, H_kv, G, P)
-        bound += torch.matmul(q_groups.clamp(max=0), gathered(summary.k_min))
-        return bound.amax(dim=2)  # (B, H_kv, max_pages)
-    raise ValueError(f"score must be one of {SCORE_MODES}, got {score!r}")
+        q_groups = q_groups.mean(dim=2, keepdim=True)  # (B, H_kv, 1, D)
+    tables = (summary.k_mean,) if score == "centroid" else (summary.k_max, summary.k_min)
+
+    distinct, column = torch.unique(phys, return_inverse=True)  # (U,), (B, max_pages)
+    if 2 * distinct.numel() <= phys.numel():
+        rows = [t.index_select(0, distinct).permute(1, 2, 0) for t in tables]  # (H_kv, D, U)
+        queries = q_groups.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)  # (H_kv, B*G, D)
+        per_page = _score(queries, rows, score)  # (H_kv, B*G, U); G = 1 for centroid
+        per_page = per_page.view(num_kv_heads, batch, -1, distinct.numel()).amax(dim=2)
+        index = column[:, None, :].expand(batch, num_kv_heads, max_pages)  # (B, H_kv, P)
+        return per_page.permute(1, 0, 2).gather(2, index)  # (B, H_kv, max_pages)
+    phys = phys.reshape(-1)  # (B * max_pages,)
+    rows = [
+        t.index_select(0, phys).view(batch, max_pages, num_kv_heads, head_dim).permute(0, 2, 3, 1)
+        for t in tables
+    ]  # (B, H_kv, D, max_pages)
+    return _score(q_groups, rows, score).amax(dim=2)  # (B, H_kv, max_pages)
+
+
+def _score(queries: Tensor, tables: list[Tensor], score: str) -> Tensor:
+    """(..., M, D) queries against (..., D, N) summaries -> (..., M, N) scores."""
+    if score == "centroid":
+        return torch.matmul(queries, tables[0])
+    bound = torch.matmul(queries.clamp(min=0), tables[0])  # k_max
+    bound += torch.matmul(queries.clamp(max=0), tables[1])  # k_min
+    return bound
 
 
 def select_from_scores(

@@ -94,3 +94,22 @@ def test_wide_padded_page_table_gives_the_same_selection(paged_batch):
     padded = select_pages(batch.q, batch.summary, wide, batch.seq_lens, budgets)
     assert torch.equal(narrow.logical_pages, padded.logical_pages)
     assert torch.equal(narrow.num_selected, padded.num_selected)
+
+
+@pytest.mark.parametrize("score", ["centroid", "quest"])
+def test_samples_sharing_a_prompt_score_as_if_alone(paged_batch, score):
+    """n samples of one prompt share its pages: the distinct-page path (each summary read once)
+    must give every sequence the scores it gets when scored on its own (per-sequence path)."""
+    batch = paged_batch([200] * 4, num_kv_heads=2, group=3, head_dim=64, seed=7)  # 13 pages each
+    table = batch.page_table.clone()
+    table[1:, :10] = table[0, :10]  # the first 10 pages are the shared prompt's
+    batch.seq_lens[2] = 170  # one sample shorter: a column past its length is masked
+    shared = page_scores_torch(batch.q, batch.summary, table, batch.seq_lens, score, 16)
+    assert torch.unique(table).numel() * 2 <= table.numel()  # the distinct-page path ran
+    for b in range(4):
+        one = slice(b, b + 1)
+        alone = page_scores_torch(
+            batch.q[one], batch.summary, table[one], batch.seq_lens[one], score, 16
+        )
+        pages = -(-int(batch.seq_lens[b]) // 16)
+        torch.testing.assert_close(shared[b, :, :pages], alone[0, :, :pages], rtol=1e-6, atol=1e-5)
