@@ -12,7 +12,14 @@ from torch import Tensor
 from .checks import check_decode_inputs, check_select_inputs
 from .decode_torch import GatherPlan, attend_planned, gather_plan, paged_decode_torch
 from .paged_cache import PageSummary, update_page_summaries, write_kv
-from .selection import SCORE_MODES, SelectedPages, page_scores_torch, select_from_scores
+from .selection import (
+    SCORE_MODES,
+    SelectedPages,
+    SelectionPlan,
+    page_scores_torch,
+    select_from_scores,
+    selection_plan,
+)
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -22,9 +29,11 @@ __all__ = [
     "SCORE_MODES",
     "PageSummary",
     "SelectedPages",
+    "SelectionPlan",
     "gather_plan",
     "paged_decode",
     "select_pages",
+    "selection_plan",
     "update_page_summaries",
     "uses_triton",
     "write_kv",
@@ -44,6 +53,7 @@ def select_pages(
     num_recent: int = 2,
     backend: str = "auto",
     validate: bool = True,
+    plan: SelectionPlan | None = None,
 ) -> SelectedPages:
     """Choose the pages each (sequence, KV head) attends to at this decode step.
 
@@ -52,22 +62,37 @@ def select_pages(
     changes how page scores are computed (Triton: one fused gather+score kernel); the top-k and
     the compaction into ascending rows are torch on every device (one device sync, to size the
     output). `validate=False` skips the value checks (page ids, budgets), as in `paged_decode`.
+    `plan`: `selection_plan(page_table, seq_lens, budgets, ..., trim=True)` built once for all
+    the sparse layers of a step (it depends on no layer's data); built here when None.
     """
     check_select_inputs(
         q, summary, page_table, seq_lens, budgets, score, page_size, num_sink, num_recent, validate
     )
-    # Score only the columns some sequence uses: engines may pad page tables to the longest
-    # possible sequence, and scoring cost should follow the batch's actual context.
-    num_columns = -(-int(seq_lens.max()) // page_size)
-    page_table = page_table[:, :num_columns]
+    if plan is None:
+        plan = selection_plan(
+            page_table,
+            seq_lens,
+            budgets,
+            page_size=page_size,
+            num_sink=num_sink,
+            num_recent=num_recent,
+            trim=True,
+        )
+    page_table = page_table[:, : plan.phys.shape[1]]  # the columns some sequence uses
     if uses_triton(backend, q):
         from .score_triton import page_scores_triton
 
         scores = page_scores_triton(q, summary, page_table, seq_lens, score, page_size)
     else:
-        scores = page_scores_torch(q, summary, page_table, seq_lens, score, page_size)
+        scores = page_scores_torch(q, summary, page_table, seq_lens, score, page_size, plan)
     return select_from_scores(
-        scores, seq_lens, budgets, page_size=page_size, num_sink=num_sink, num_recent=num_recent
+        scores,
+        seq_lens,
+        budgets,
+        page_size=page_size,
+        num_sink=num_sink,
+        num_recent=num_recent,
+        plan=plan,
     )
 
 

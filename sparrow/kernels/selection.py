@@ -26,6 +26,70 @@ class SelectedPages:
     num_selected: Tensor  # (B,) int32, the same for every KV head of a sequence
 
 
+@dataclass
+class SelectionPlan:
+    """What selection needs from the page tables, lengths and budgets of one decode step: the same
+    for every sparse layer of the step, so an engine builds it once (`selection_plan`)."""
+
+    phys: Tensor  # (B, P) int64 physical page of each column in use, 0 past the length
+    distinct: Tensor | None  # (U,) distinct pages when samples share enough of them, else None
+    column: Tensor | None  # (B, P) int64 index into `distinct` of each column
+    num_selected: Tensor  # (B,) int64 pages kept per (sequence, KV head)
+    num_top: Tensor  # (B,) int64 of those chosen by score
+    max_selected: int
+    max_top: int
+    candidate: Tensor  # (B, 1, P) bool pages eligible for the top-by-score choice
+    always: Tensor  # (B, 1, P) bool pages kept regardless of score (sink, recent, dense rows)
+    keep_top: Tensor  # (B, 1, max_top) bool which of the top-max_top a sequence keeps
+
+
+def selection_plan(
+    page_table: Tensor,
+    seq_lens: Tensor,
+    budgets: Tensor,
+    *,
+    page_size: int,
+    num_sink: int,
+    num_recent: int,
+    trim: bool = False,
+) -> SelectionPlan:
+    """The step's selection inputs; page_table (B, P) int32, seq_lens (B,), budgets (B,).
+    `trim` drops the columns past the longest sequence (engines may pad page tables to the
+    longest possible one; scoring cost should follow the batch's actual context)."""
+    device = page_table.device
+    if trim:
+        page_table = page_table[:, : -(-int(seq_lens.max()) // page_size)]
+    max_pages = page_table.shape[1]
+    num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
+    pages = torch.arange(max_pages, device=device)  # (P,)
+    phys = torch.where(pages < num_logical[:, None], page_table.long(), 0)  # (B, P)
+    # The n samples of a prompt share its pages: when the distinct pages are at most half the
+    # entries, scoring reads each distinct page's summary once (see page_scores_torch).
+    distinct, column = torch.unique(phys, return_inverse=True)  # (U,), (B, P)
+    if 2 * distinct.numel() > phys.numel():
+        distinct, column = None, None
+    budgets = budgets.long().to(device)  # (B,)
+    sparse_row = num_logical > budgets  # (B,)
+    num_selected = torch.where(sparse_row, budgets, num_logical)  # (B,)
+    num_top = torch.where(sparse_row, budgets - num_sink - num_recent, 0)  # (B,)
+    max_selected, max_top = torch.stack([num_selected.max(), num_top.max()]).tolist()
+    n = num_logical[:, None, None]  # (B, 1, 1)
+    forced = (pages < num_sink) | ((pages >= n - num_recent) & (pages < n))  # (B, 1, P)
+    dense = (pages < n) & ~sparse_row[:, None, None]  # (B, 1, P)
+    return SelectionPlan(
+        phys=phys,
+        distinct=distinct,
+        column=column,
+        num_selected=num_selected,
+        num_top=num_top,
+        max_selected=max_selected,
+        max_top=max_top,
+        candidate=(pages >= num_sink) & (pages < n - num_recent),
+        always=(forced & sparse_row[:, None, None]) | dense,
+        keep_top=torch.arange(max_top, device=device) < num_top[:, None, None],
+    )
+
+
 def page_scores_torch(
     q: Tensor,
     summary: PageSummary,
@@ -33,6 +97,7 @@ def page_scores_torch(
     seq_lens: Tensor,
     score: str,
     page_size: int,
+    plan: SelectionPlan | None = None,
 ) -> Tensor:
     """Score every logical page column of `page_table` for each (sequence, KV head).
 
@@ -41,34 +106,36 @@ def page_scores_torch(
     split as relu(q).max + min(q, 0).min so that it becomes two batched matmuls; it is taken per
     query head and then maxed over the GQA group (the bound for the group's best head).
 
-    The n samples of a prompt share its pages, so when the batch's distinct pages are at most
-    half its page-table entries, each distinct page's summary is read once and scored against
-    every query (one matmul per KV head), and the scores are then indexed out per sequence:
-    reading the summaries, not the arithmetic, is the cost on CPU.
+    With samples sharing a prompt (`plan.distinct`), each distinct page's summary is read once
+    and scored against every query (one matmul per KV head), and the scores are indexed out per
+    sequence: reading the summaries, not the arithmetic, is the cost on CPU. `plan`: the step's
+    `selection_plan` (budgets do not matter here); built from the arguments when None.
     """
+    if score not in SCORE_MODES:
+        raise ValueError(f"score must be one of {SCORE_MODES}, got {score!r}")
+    if plan is None:
+        no_budget = torch.zeros_like(seq_lens)
+        plan = selection_plan(
+            page_table, seq_lens, no_budget, page_size=page_size, num_sink=0, num_recent=0
+        )
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = summary.k_mean.shape[1]
     group = num_q_heads // num_kv_heads
-    max_pages = page_table.shape[1]
-    num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
-    in_use = torch.arange(max_pages, device=q.device)[None, :] < num_logical[:, None]
-    phys = torch.where(in_use, page_table.long(), 0)  # (B, max_pages)
+    max_pages = plan.phys.shape[1]
     q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
-    if score not in SCORE_MODES:
-        raise ValueError(f"score must be one of {SCORE_MODES}, got {score!r}")
     if score == "centroid":
         q_groups = q_groups.mean(dim=2, keepdim=True)  # (B, H_kv, 1, D)
     tables = (summary.k_mean,) if score == "centroid" else (summary.k_max, summary.k_min)
 
-    distinct, column = torch.unique(phys, return_inverse=True)  # (U,), (B, max_pages)
-    if 2 * distinct.numel() <= phys.numel():
-        rows = [t.index_select(0, distinct).permute(1, 2, 0) for t in tables]  # (H_kv, D, U)
+    if plan.distinct is not None:
+        num_distinct = plan.distinct.numel()
+        rows = [t.index_select(0, plan.distinct).permute(1, 2, 0) for t in tables]  # (H_kv, D, U)
         queries = q_groups.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)  # (H_kv, B*G, D)
         per_page = _score(queries, rows, score)  # (H_kv, B*G, U); G = 1 for centroid
-        per_page = per_page.view(num_kv_heads, batch, -1, distinct.numel()).amax(dim=2)
-        index = column[:, None, :].expand(batch, num_kv_heads, max_pages)  # (B, H_kv, P)
+        per_page = per_page.view(num_kv_heads, batch, -1, num_distinct).amax(dim=2)
+        index = plan.column[:, None, :].expand(batch, num_kv_heads, max_pages)  # (B, H_kv, P)
         return per_page.permute(1, 0, 2).gather(2, index)  # (B, H_kv, max_pages)
-    phys = phys.reshape(-1)  # (B * max_pages,)
+    phys = plan.phys.reshape(-1)  # (B * max_pages,)
     rows = [
         t.index_select(0, phys).view(batch, max_pages, num_kv_heads, head_dim).permute(0, 2, 3, 1)
         for t in tables
@@ -93,36 +160,37 @@ def select_from_scores(
     page_size: int,
     num_sink: int,
     num_recent: int,
+    plan: SelectionPlan | None = None,
 ) -> SelectedPages:
-    """Apply the selection rule to page scores (B, H_kv, max_pages); vectorised over the batch."""
+    """Apply the selection rule to page scores (B, H_kv, max_pages); vectorised over the batch.
+    `plan`: the step's `selection_plan` for these arguments, built here when None."""
     batch, num_kv_heads, max_pages = scores.shape
     device = scores.device
-    num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
-    budgets = budgets.long().to(device)  # (B,)
-    sparse_row = num_logical > budgets  # (B,)
-    num_selected = torch.where(sparse_row, budgets, num_logical)  # (B,)
-    num_top = torch.where(sparse_row, budgets - num_sink - num_recent, 0)  # (B,)
-    max_selected, max_top = torch.stack([num_selected.max(), num_top.max()]).tolist()
-
-    pages = torch.arange(max_pages, device=device)  # (P,)
-    n = num_logical[:, None, None]  # (B, 1, 1)
-    forced = (pages < num_sink) | ((pages >= n - num_recent) & (pages < n))  # (B, 1, P)
+    if plan is None:
+        table = torch.zeros(batch, max_pages, dtype=torch.int64, device=device)  # ids unused
+        plan = selection_plan(
+            table,
+            seq_lens.to(device),
+            budgets,
+            page_size=page_size,
+            num_sink=num_sink,
+            num_recent=num_recent,
+        )
     chosen = torch.zeros(batch, num_kv_heads, max_pages, dtype=torch.bool, device=device)
-    if max_top > 0:
-        candidate = (pages >= num_sink) & (pages < n - num_recent)  # (B, 1, P)
-        masked = torch.where(candidate, scores.float(), float("-inf"))  # (B, H_kv, P)
-        top_idx = masked.topk(max_top, dim=-1).indices  # (B, H_kv, K), distinct per row
-        keep = torch.arange(max_top, device=device) < num_top[:, None, None]  # (B, 1, K)
-        chosen.scatter_(2, top_idx, keep.expand_as(top_idx))
-    dense = (pages < n) & ~sparse_row[:, None, None]  # (B, 1, P)
-    chosen |= (forced & sparse_row[:, None, None]) | dense
+    if plan.max_top > 0:
+        masked = torch.where(plan.candidate, scores.float(), float("-inf"))  # (B, H_kv, P)
+        top_idx = masked.topk(plan.max_top, dim=-1).indices  # (B, H_kv, K), distinct per row
+        chosen.scatter_(2, top_idx, plan.keep_top.expand_as(top_idx))
+    chosen |= plan.always
 
     # Compact each row's chosen pages to the front in ascending order: a chosen page's slot is the
     # number of chosen pages before it; unchosen pages are written to a discarded extra column.
+    max_selected = plan.max_selected
+    pages = torch.arange(max_pages, device=device)  # (P,)
     slot = torch.where(chosen, chosen.long().cumsum(dim=-1) - 1, max_selected)  # (B, H_kv, P)
     out = torch.zeros(batch, num_kv_heads, max_selected + 1, dtype=torch.long, device=device)
     out.scatter_(2, slot, pages.expand(batch, num_kv_heads, max_pages))
     return SelectedPages(
         logical_pages=out[..., :max_selected].to(torch.int32).contiguous(),
-        num_selected=num_selected.to(torch.int32),
+        num_selected=plan.num_selected.to(torch.int32),
     )

@@ -20,9 +20,11 @@ from torch import Tensor
 from sparrow.kernels import (
     GatherPlan,
     PageSummary,
+    SelectionPlan,
     gather_plan,
     paged_decode,
     select_pages,
+    selection_plan,
     update_page_summaries,
     uses_triton,
     write_kv,
@@ -58,6 +60,7 @@ class DecodeMetadata:
     last_page_fill: Tensor  # (B,) int64, valid tokens in that page after the write
     budgets: Tensor | None  # (B,) int32 pages per sparse layer; None: every layer dense
     dense_plan: GatherPlan | None = None  # torch backend: built by the step's first dense layer
+    selection: SelectionPlan | None = None  # built by the step's first sparse layer
 
 
 class PagedKVCache:
@@ -120,6 +123,16 @@ class PagedKVCache:
         summary = self.summaries[layer]
         selected = None
         if summary is not None and meta.budgets is not None:
+            if meta.selection is None:  # the same for every sparse layer of the step
+                meta.selection = selection_plan(
+                    meta.page_table,
+                    meta.seq_lens,
+                    meta.budgets,
+                    page_size=self.cfg.page_size,
+                    num_sink=self.cfg.num_sink,
+                    num_recent=self.cfg.num_recent,
+                    trim=True,
+                )
             selected = select_pages(
                 q,
                 summary,
@@ -132,6 +145,7 @@ class PagedKVCache:
                 num_recent=self.cfg.num_recent,
                 backend=self.cfg.backend,
                 validate=False,
+                plan=meta.selection,
             )
         plan = None
         if selected is None and not uses_triton(self.cfg.backend, q):
