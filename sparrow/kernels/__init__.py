@@ -10,7 +10,7 @@ from sparrow.
 from torch import Tensor
 
 from .checks import check_decode_inputs, check_select_inputs
-from .decode_torch import GatherPlan, attend_planned, gather_plan, paged_decode_torch
+from .decode_torch import GatherPlan, attend_planned, gather_plan
 from .paged_cache import PageSummary, update_page_summaries, write_kv
 from .selection import (
     SCORE_MODES,
@@ -108,6 +108,7 @@ def paged_decode(
     backend: str = "auto",
     validate: bool = True,
     plan: GatherPlan | None = None,
+    workspace: list[Tensor] | None = None,
 ) -> Tensor:
     """Decode attention of one query token per sequence over its selected pages.
 
@@ -116,7 +117,8 @@ def paged_decode(
     Returns (B, H_q, D) in q's dtype. `validate=False` skips the value checks (page ids in range),
     which cost a device sync; shapes, dtypes and strides are always checked. `plan`: the torch
     backend's gather plan of these page tables and lengths for `selected`, built once by
-    `gather_plan` and shared by the layers of a step (the Triton kernel reads pages in place).
+    `gather_plan` and shared by the layers of a step (the Triton kernel reads pages in place);
+    `workspace`: the torch backend's reusable gather buffers (see `attend_planned`).
     """
     check_decode_inputs(q, k_cache, v_cache, page_table, seq_lens, selected, validate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -124,9 +126,10 @@ def paged_decode(
         from .decode_triton import paged_decode_triton
 
         return paged_decode_triton(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
-    if plan is not None:
-        return attend_planned(q, k_cache, v_cache, plan, scale)
-    return paged_decode_torch(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
+    if plan is None:
+        _, page_size, num_kv_heads, _ = k_cache.shape
+        plan = gather_plan(page_table, seq_lens, selected, page_size, num_kv_heads)
+    return attend_planned(q, k_cache, v_cache, plan, scale, workspace)
 
 
 def uses_triton(backend: str, q: Tensor) -> bool:

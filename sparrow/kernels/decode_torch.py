@@ -69,15 +69,36 @@ def gather_plan(
 
 
 def attend_planned(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: GatherPlan, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    plan: GatherPlan,
+    scale: float,
+    workspace: list[Tensor] | None = None,
 ) -> Tensor:
-    """Decode attention over the tokens `plan` names. q (B, H_q, D) -> (B, H_q, D) in q's dtype."""
+    """Decode attention over the tokens `plan` names. q (B, H_q, D) -> (B, H_q, D) in q's dtype.
+
+    `workspace`: two flat buffers (K, V) the gathered tokens are written into, replaced in the
+    list by larger ones when too small, so that a caller keeps them across layers and steps. A
+    dense step gathers tens of MB per layer; a fresh allocation of that size may be mmapped and
+    page-faulted in on every call (glibc's threshold moves with the allocation history), which
+    made dense decode speed vary by ~25% between runs."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     num_tokens = plan.bias.shape[-1]
-    keys = k_cache.reshape(-1, head_dim).index_select(0, plan.rows).float()
-    values = v_cache.reshape(-1, head_dim).index_select(0, plan.rows).float()
+    gathered = []
+    for i, cache in enumerate((k_cache, v_cache)):
+        flat = cache.reshape(-1, head_dim)  # (pages * PAGE * H_kv, D)
+        if workspace is None:
+            gathered.append(flat.index_select(0, plan.rows).float())
+            continue
+        size = plan.rows.numel() * head_dim
+        if workspace[i].numel() < size or workspace[i].dtype != cache.dtype:
+            workspace[i] = torch.empty(size, dtype=cache.dtype, device=cache.device)
+        out = workspace[i][:size].view(-1, head_dim)  # (rows, D)
+        gathered.append(torch.index_select(flat, 0, plan.rows, out=out).float())
+    keys, values = gathered
     keys = keys.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
     values = values.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
 
@@ -88,19 +109,3 @@ def attend_planned(
         q_groups, keys, values, attn_mask=plan.bias, scale=scale
     )  # (B, H_kv, G, D)
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)  # (B, H_q, D)
-
-
-def paged_decode_torch(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    page_table: Tensor,
-    seq_lens: Tensor,
-    selected: SelectedPages | None,
-    scale: float,
-) -> Tensor:
-    """Decode attention over selected pages (all pages when `selected` is None). Returns (B, H_q, D)
-    in q's dtype. Inputs are assumed validated (see checks.py)."""
-    _, page_size, num_kv_heads, _ = k_cache.shape
-    plan = gather_plan(page_table, seq_lens, selected, page_size, num_kv_heads)
-    return attend_planned(q, k_cache, v_cache, plan, scale)

@@ -87,6 +87,8 @@ class PagedKVCache:
         # that the flattened cache and this table share indices.
         self._summary = PageSummary.empty(num_layers * num_pages, num_kv_heads, head_dim, device)
         self._sparse_layers = [i for i in range(num_layers) if i not in cfg.dense_layers]
+        # Decode's gathered K and V (torch backend), reused by every layer and step.
+        self._workspace = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]
         self.summaries: list[PageSummary | None] = [None] * num_layers
         for i in self._sparse_layers:
             rows = slice(i * num_pages, (i + 1) * num_pages)
@@ -166,4 +168,5 @@ class PagedKVCache:
             backend=self.cfg.backend,
             validate=False,
             plan=plan,
+            workspace=self._workspace,
         )
