@@ -3,7 +3,7 @@
 One query token per sequence attends to the selected pages of its KV head. Vectorised over the
 batch: one index_select gathers exactly the selected pages' tokens (so the cost scales with the
 budget, not the context) straight into the (B, H_kv, tokens, D) layout SDPA wants, then one fp32
-torch SDPA call with a boolean mask for positions past seq_len and padding slots.
+torch SDPA call with an additive bias masking positions past seq_len and padding slots.
 
 Which cache rows to gather and the mask depend only on the page table, the lengths and the
 selection, not on the layer: a `GatherPlan` built once per decode step serves every dense layer
@@ -81,8 +81,8 @@ def attend_planned(
     `workspace`: two flat buffers (K, V) the gathered tokens are written into, replaced in the
     list by larger ones when too small, so that a caller keeps them across layers and steps. A
     dense step gathers tens of MB per layer; a fresh allocation of that size may be mmapped and
-    page-faulted in on every call (glibc's threshold moves with the allocation history), which
-    made dense decode speed vary by ~25% between runs."""
+    page-faulted in on every call (glibc's threshold moves with the allocation history): slow
+    bench runs spent 2-3 min in the kernel before these buffers, 10-17 s after."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
