@@ -10,7 +10,7 @@ from sparrow.
 from torch import Tensor
 
 from .checks import check_decode_inputs, check_select_inputs
-from .decode_torch import GatherPlan, attend_planned, gather_plan
+from .decode_torch import GatherPlan, attend_gathered, attend_planned, gather_kv, gather_plan
 from .paged_cache import PageSummary, update_page_summaries, write_kv
 from .selection import (
     SCORE_MODES,
@@ -30,6 +30,8 @@ __all__ = [
     "PageSummary",
     "SelectedPages",
     "SelectionPlan",
+    "attend_gathered",
+    "gather_kv",
     "gather_plan",
     "paged_decode",
     "select_pages",

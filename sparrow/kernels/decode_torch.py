@@ -76,36 +76,48 @@ def attend_planned(
     scale: float,
     workspace: list[Tensor] | None = None,
 ) -> Tensor:
-    """Decode attention over the tokens `plan` names. q (B, H_q, D) -> (B, H_q, D) in q's dtype.
+    """Decode attention over the tokens `plan` names. q (B, H_q, D) -> (B, H_q, D) in q's dtype."""
+    keys, values = gather_kv(k_cache, v_cache, plan, workspace)
+    return attend_gathered(q, keys, values, plan.bias, scale)
+
+
+def gather_kv(
+    k_cache: Tensor, v_cache: Tensor, plan: GatherPlan, workspace: list[Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
+    """The K and V of the tokens `plan` names, each (B, H_kv, S * PAGE, D) in the cache's dtype.
 
     `workspace`: two flat buffers (K, V) the gathered tokens are written into, replaced in the
     list by larger ones when too small, so that a caller keeps them across layers and steps. A
     dense step gathers tens of MB per layer; a fresh allocation of that size may be mmapped and
     page-faulted in on every call (glibc's threshold moves with the allocation history): slow
     bench runs spent 2-3 min in the kernel before these buffers, 10-17 s after."""
-    batch, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    num_tokens = plan.bias.shape[-1]
+    batch, num_kv_heads, _, num_tokens = plan.bias.shape
+    head_dim = k_cache.shape[-1]
     gathered = []
     for i, cache in enumerate((k_cache, v_cache)):
         flat = cache.reshape(-1, head_dim)  # (pages * PAGE * H_kv, D)
         if workspace is None:
-            gathered.append(flat.index_select(0, plan.rows).float())
+            gathered.append(flat.index_select(0, plan.rows))
             continue
         size = plan.rows.numel() * head_dim
         if workspace[i].numel() < size or workspace[i].dtype != cache.dtype:
             workspace[i] = torch.empty(size, dtype=cache.dtype, device=cache.device)
         out = workspace[i][:size].view(-1, head_dim)  # (rows, D)
-        gathered.append(torch.index_select(flat, 0, plan.rows, out=out).float())
-    keys, values = gathered
-    keys = keys.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
-    values = values.view(batch, num_kv_heads, num_tokens, head_dim)  # (B, H_kv, S*PAGE_SIZE, D)
+        gathered.append(torch.index_select(flat, 0, plan.rows, out=out))
+    shape = (batch, num_kv_heads, num_tokens, head_dim)
+    return gathered[0].view(shape), gathered[1].view(shape)
 
+
+def attend_gathered(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """q (B, H_q, D) against keys, values (B, H_kv, T, D) (any strides with a unit last one) under
+    an additive fp32 bias broadcastable to (B, H_kv, 1, T) -> (B, H_q, D) in q's dtype."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    group = num_q_heads // num_kv_heads
     # The group's G query heads are SDPA's query rows against their KV head's keys: GQA without
     # repeating K/V. The fused SDPA kernel is several times faster than matmul + softmax + matmul.
     q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
     out = F.scaled_dot_product_attention(
-        q_groups, keys, values, attn_mask=plan.bias, scale=scale
+        q_groups, keys.float(), values.float(), attn_mask=bias, scale=scale
     )  # (B, H_kv, G, D)
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)  # (B, H_q, D)

@@ -50,6 +50,7 @@ class EngineConfig:
     num_recent: int = 2  # last pages always attended (recent window)
     topk_logprobs: int = 20  # K of the recorded top-K log-probs
     backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton"
+    dense_kv_copy: bool = True  # torch backend: dense layers keep contiguous K/V (dense_kv.py)
     dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
     linear_backend: str = "torch"  # GEMMs: "torch" (as HF) | "onednn" (CPU fp32, packed, faster)
     seed: int = 0  # sampler seed; each generate call reseeds with seed + call index
@@ -80,6 +81,7 @@ class LLMEngine:
             num_sink=cfg.num_sink,
             num_recent=cfg.num_recent,
             backend=cfg.backend,
+            dense_kv_copy=cfg.dense_kv_copy,
         )
         linear = Linear(cfg.linear_backend, batch_hint=min(cfg.max_batch_size, 64))
         self.runner = ModelRunner(model, attn, cfg.num_pages, getattr(torch, cfg.dtype), linear)

@@ -121,6 +121,7 @@ class ModelRunner:
         )
         input_ids = torch.tensor([s.last_token_id for s in seqs], dtype=torch.int64)
         gate = self._lora_gate(seqs, budgets)
+        self.kv.begin_decode([s.seq_id for s in seqs], seq_lens.tolist())
         logits = self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta, gate)
         if update_summaries:
             self.kv.update_summaries(meta.last_page_ids, meta.last_page_fill)

@@ -4,6 +4,8 @@ Owns the K/V pages of every layer (allocated once, sized by `num_pages`), the pa
 the sparse layers, and the per-step metadata that says where each token goes. Decode attention
 is dense on `dense_layers` and block-sparse elsewhere: pages are chosen per (sequence, KV head)
 by `select_pages` with the sequence's budget, then `paged_decode` attends to them (DESIGN.md §1).
+On the torch backend the dense layers read a contiguous copy of their K/V that each step extends
+by one token (`DenseKVCopy`) rather than gathering every page again.
 Page summaries (one table over all layers x pages, viewed per sparse layer) are refreshed by
 `update_summaries` once per step for all sparse layers together, after the forward: a step never
 scores the page its token lands in (the last `num_recent` >= 1 pages are always attended), so the
@@ -21,6 +23,7 @@ from sparrow.kernels import (
     GatherPlan,
     PageSummary,
     SelectionPlan,
+    attend_gathered,
     gather_plan,
     paged_decode,
     select_pages,
@@ -29,6 +32,7 @@ from sparrow.kernels import (
     uses_triton,
     write_kv,
 )
+from sparrow.rollout.dense_kv import DenseKVCopy
 
 
 @dataclass
@@ -39,6 +43,9 @@ class SparseAttentionConfig:
     num_sink: int = 1  # first pages always kept (attention sink)
     num_recent: int = 2  # last pages always kept (recent window, with the partial page)
     backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton"
+    # torch backend: keep the dense layers' K/V contiguous between steps (dense_kv.py) instead of
+    # gathering every page at every step; costs up to the pool's memory again for those layers.
+    dense_kv_copy: bool = True
 
 
 @dataclass
@@ -89,6 +96,15 @@ class PagedKVCache:
         self._sparse_layers = [i for i in range(num_layers) if i not in cfg.dense_layers]
         # Decode's gathered K and V (torch backend), reused by every layer and step.
         self._workspace = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]
+        self.dense_copy = None
+        if cfg.dense_kv_copy and not uses_triton(cfg.backend, self.k):
+            self.dense_copy = DenseKVCopy(
+                pool_tokens=num_pages * cfg.page_size,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                dtype=dtype,
+                device=device,
+            )
         self.summaries: list[PageSummary | None] = [None] * num_layers
         for i in self._sparse_layers:
             rows = slice(i * num_pages, (i + 1) * num_pages)
@@ -96,8 +112,15 @@ class PagedKVCache:
                 self._summary.k_mean[rows], self._summary.k_min[rows], self._summary.k_max[rows]
             )
 
+    def begin_decode(self, seq_ids: list[int], seq_lens: list[int]) -> None:
+        """Before each decode step: the rows' sequence ids and cached tokens (input included)."""
+        if self.dense_copy is not None:
+            self.dense_copy.begin_step(seq_ids, seq_lens)
+
     def write_prefill(self, layer: int, k: Tensor, v: Tensor, meta: PrefillMetadata) -> None:
         """k, v (N, H_kv, D) of the flattened prefill batch; shared prompt rows are written once."""
+        if self.dense_copy is not None and layer == 0:
+            self.dense_copy.invalidate()
         write_kv(self.k[layer], self.v[layer], k[meta.kv_rows], v[meta.kv_rows], meta.slot_mapping)
 
     @torch.inference_mode()
@@ -151,11 +174,21 @@ class PagedKVCache:
             )
         plan = None
         if selected is None and not uses_triton(self.cfg.backend, q):
-            if meta.dense_plan is None:  # the same rows and mask for every dense layer
-                meta.dense_plan = gather_plan(
-                    meta.page_table, meta.seq_lens, None, self.cfg.page_size, k_cache.shape[2]
+
+            def dense_plan() -> GatherPlan:  # the same rows and mask for every dense layer
+                if meta.dense_plan is None:
+                    meta.dense_plan = gather_plan(
+                        meta.page_table, meta.seq_lens, None, self.cfg.page_size, k_cache.shape[2]
+                    )
+                return meta.dense_plan
+
+            copy = self.dense_copy
+            if copy is not None and copy.active:
+                keys, values = copy.keys_values(
+                    layer, k, v, k_cache, v_cache, dense_plan, self._workspace
                 )
-            plan = meta.dense_plan
+                return attend_gathered(q, keys, values, copy.bias, q.shape[-1] ** -0.5)
+            plan = dense_plan()
         # validate=False: the runner builds page tables from the block manager and budgets of at
         # least num_sink + num_recent; the value checks would cost a device sync per layer.
         return paged_decode(
