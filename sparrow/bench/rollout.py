@@ -11,9 +11,11 @@
 2. Sparse vs dense decode: one long prompt of `--context` tokens (arithmetic facts in a chat
    turn), `--sparse-batch` samples sharing it, `--sparse-new-tokens` each; decode tokens/s
    (prefill excluded: it is dense and identical in both runs) with no schedule vs a constant
-   budget of `--budget-tokens`. The sparse run's tokens are then teacher-forced through the dense
-   and the sparse engine, and the exact full-vocabulary acceptance a_t = sum_v min(p, q) gives
-   its p5 over all generated tokens.
+   budget of `--budget-tokens`. `--distinct-prompts`: one prompt per sample instead (contexts
+   shared by no one, as in long chains of thought; the dense layers then keep contiguous K/V
+   copies, which a shared prompt would multiply past the pool's size). The sparse run's tokens
+   are then teacher-forced through the dense and the sparse engine, and the exact
+   full-vocabulary acceptance a_t = sum_v min(p, q) gives its p5 over all generated tokens.
 """
 
 import argparse
@@ -117,10 +119,16 @@ def engine_vs_hf(lm, args) -> dict:
 
 
 def sparse_vs_dense(lm, args) -> dict:
-    prompt = long_prompt(lm.tokenizer, args.context, args.seed)
+    batch = args.sparse_batch
     ps = args.page_size
     budget_pages = args.budget_tokens // ps
-    pages = -(-len(prompt) // ps) + args.sparse_batch * (-(-args.sparse_new_tokens // ps) + 1) + 8
+    if args.distinct_prompts:
+        prompts = [long_prompt(lm.tokenizer, args.context, args.seed + i) for i in range(batch)]
+        n = 1
+    else:  # the samples of one prompt, sharing its full pages
+        prompts, n = [long_prompt(lm.tokenizer, args.context, args.seed)], batch
+    prompt_pages = sum(-(-len(p) // ps) for p in prompts)
+    pages = prompt_pages + batch * (-(-args.sparse_new_tokens // ps) + 1) + 8
     cfg = _engine_config(args, pages, args.sparse_batch, args.linear_backend)
     engine = LLMEngine(lm.model, lm.tokenizer, cfg)
     params = SamplingParams(temperature=1.0, max_tokens=args.sparse_new_tokens, ignore_eos=True)
@@ -129,17 +137,17 @@ def sparse_vs_dense(lm, args) -> dict:
     dense_tok_s, sparse_tok_s, outputs = 0.0, 0.0, []
     for _ in range(args.repeats):
         engine.set_schedule(None)
-        engine.generate([prompt], params, n=args.sparse_batch)
+        engine.generate(prompts, params, n=n)
         dense_tok_s = max(dense_tok_s, engine.last_stats.decode_tok_s)
         engine.set_schedule(sparse_schedule)
-        outputs = engine.generate([prompt], params, n=args.sparse_batch)
+        outputs = engine.generate(prompts, params, n=n)
         sparse_tok_s = max(sparse_tok_s, engine.last_stats.decode_tok_s)
 
     completions = [o.token_ids for o in outputs]
-    prompts = [prompt] * len(completions)
-    sparse_logits = engine.score(prompts, completions)
+    scored = [prompts[o.prompt_index] for o in outputs]
+    sparse_logits = engine.score(scored, completions)
     engine.set_schedule(None)
-    dense_logits = engine.score(prompts, completions)
+    dense_logits = engine.score(scored, completions)
     acc = torch.cat(
         [
             exact_acceptance(d.log_softmax(-1), s.log_softmax(-1))
@@ -147,7 +155,8 @@ def sparse_vs_dense(lm, args) -> dict:
         ]
     )
     result = {
-        "context_tokens": len(prompt),
+        "context_tokens": len(prompts[0]),
+        "distinct_prompts": args.distinct_prompts,
         "budget_tokens": budget_pages * ps,
         "sparse_tok_s": sparse_tok_s,
         "dense_tok_s": dense_tok_s,
@@ -155,7 +164,8 @@ def sparse_vs_dense(lm, args) -> dict:
         "p5_acceptance": torch.quantile(acc, 0.05).item(),
     }
     print(
-        f"\nsparse vs dense decode: context {len(prompt)} tokens, batch {args.sparse_batch}, "
+        f"\nsparse vs dense decode: context {len(prompts[0])} tokens, batch {batch} "
+        f"({'distinct prompts' if args.distinct_prompts else 'one shared prompt'}), "
         f"{args.sparse_new_tokens} new tokens, budget {budget_pages} pages ({budget_pages * ps} "
         f"tokens), {args.score} score, layers {tuple(cfg.dense_layers)} dense"
     )
@@ -213,6 +223,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=4096, help="sparse vs dense: prompt tokens")
     p.add_argument("--sparse-batch", type=int, default=8, help="sparse vs dense: samples")
     p.add_argument("--sparse-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--distinct-prompts",
+        action="store_true",
+        help="sparse vs dense: a prompt per sample instead of samples sharing one",
+    )
     p.add_argument("--budget-tokens", type=int, default=512, help="sparse budget (tokens)")
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
     p.add_argument("--page-size", type=int, default=16)
