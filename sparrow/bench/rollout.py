@@ -129,7 +129,7 @@ def sparse_vs_dense(lm, args) -> dict:
         prompts, n = [long_prompt(lm.tokenizer, args.context, args.seed)], batch
     prompt_pages = sum(-(-len(p) // ps) for p in prompts)
     pages = prompt_pages + batch * (-(-args.sparse_new_tokens // ps) + 1) + 8
-    cfg = _engine_config(args, pages, args.sparse_batch, args.linear_backend)
+    cfg = _engine_config(args, pages, batch, args.linear_backend)
     engine = LLMEngine(lm.model, lm.tokenizer, cfg)
     params = SamplingParams(temperature=1.0, max_tokens=args.sparse_new_tokens, ignore_eos=True)
     sparse_schedule = lambda context_tokens: budget_pages  # noqa: E731

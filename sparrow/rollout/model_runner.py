@@ -107,7 +107,8 @@ class ModelRunner:
         # Padding entries are never read (masked by seq_lens) but must be valid page ids.
         table = [s.page_table + [0] * (max_pages - len(s.page_table)) for s in seqs]
         page_table = torch.tensor(table, dtype=torch.int32)  # (B, max_pages)
-        seq_lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int64)  # (B,)
+        lengths = [s.num_tokens for s in seqs]
+        seq_lens = torch.tensor(lengths, dtype=torch.int64)  # (B,)
         positions = seq_lens - 1  # (B,) the fed token's position
         last_page = page_table.gather(1, (positions // ps)[:, None])[:, 0].long()  # (B,)
         offset = positions % ps  # (B,)
@@ -121,7 +122,7 @@ class ModelRunner:
         )
         input_ids = torch.tensor([s.last_token_id for s in seqs], dtype=torch.int64)
         gate = self._lora_gate(seqs, budgets)
-        self.kv.begin_decode([s.seq_id for s in seqs], seq_lens.tolist())
+        self.kv.begin_decode([s.seq_id for s in seqs], lengths)
         logits = self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta, gate)
         if update_summaries:
             self.kv.update_summaries(meta.last_page_ids, meta.last_page_fill)

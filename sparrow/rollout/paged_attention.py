@@ -94,6 +94,8 @@ class PagedKVCache:
         # that the flattened cache and this table share indices.
         self._summary = PageSummary.empty(num_layers * num_pages, num_kv_heads, head_dim, device)
         self._sparse_layers = [i for i in range(num_layers) if i not in cfg.dense_layers]
+        # The selection rule's sizes, as both the step's plan and each layer's choice take them.
+        self._rule = dict(page_size=cfg.page_size, num_sink=cfg.num_sink, num_recent=cfg.num_recent)
         # Decode's gathered K and V (torch backend), reused by every layer and step.
         self._workspace = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]
         self.dense_copy = None
@@ -119,7 +121,7 @@ class PagedKVCache:
 
     def write_prefill(self, layer: int, k: Tensor, v: Tensor, meta: PrefillMetadata) -> None:
         """k, v (N, H_kv, D) of the flattened prefill batch; shared prompt rows are written once."""
-        if self.dense_copy is not None and layer == 0:
+        if self.dense_copy is not None:
             self.dense_copy.invalidate()
         write_kv(self.k[layer], self.v[layer], k[meta.kv_rows], v[meta.kv_rows], meta.slot_mapping)
 
@@ -150,13 +152,7 @@ class PagedKVCache:
         if summary is not None and meta.budgets is not None:
             if meta.selection is None:  # the same for every sparse layer of the step
                 meta.selection = selection_plan(
-                    meta.page_table,
-                    meta.seq_lens,
-                    meta.budgets,
-                    page_size=self.cfg.page_size,
-                    num_sink=self.cfg.num_sink,
-                    num_recent=self.cfg.num_recent,
-                    trim=True,
+                    meta.page_table, meta.seq_lens, meta.budgets, **self._rule, trim=True
                 )
             selected = select_pages(
                 q,
@@ -164,10 +160,8 @@ class PagedKVCache:
                 meta.page_table,
                 meta.seq_lens,
                 meta.budgets,
+                **self._rule,
                 score=self.cfg.score,
-                page_size=self.cfg.page_size,
-                num_sink=self.cfg.num_sink,
-                num_recent=self.cfg.num_recent,
                 backend=self.cfg.backend,
                 validate=False,
                 plan=meta.selection,
