@@ -40,6 +40,8 @@ def test_repeated_prompts_prefill_once_and_score_as_alone(lm_name, request):
     for i, (p, c, s) in enumerate(zip(prompts, completions, schedules, strict=True)):
         alone = engine.score([p], [c], [s])[0]  # (len(c), V)
         assert shared[i].shape == alone.shape == (len(c), vocab)
-        assert (shared[i] - alone).abs().max() <= 1e-5
+        # Batch size changes the GEMMs' blocking and so the rounding: up to 1.0e-5 on an AVX-512
+        # host for this model's logits, far below the sparse-vs-dense gap (> 1e-3) checked below.
+        assert (shared[i] - alone).abs().max() <= 3e-5
     dense_a = engine.score([prompt_a], [completions[0]], [None])[0]
     assert (shared[0] - dense_a).abs().max() > 1e-3  # the sparse schedule applied per row
