@@ -135,12 +135,19 @@ def page_scores_torch(
         per_page = per_page.view(num_kv_heads, batch, -1, num_distinct).amax(dim=2)
         index = plan.column[:, None, :].expand(batch, num_kv_heads, max_pages)  # (B, H_kv, P)
         return per_page.permute(1, 0, 2).gather(2, index)  # (B, H_kv, max_pages)
-    phys = plan.phys.reshape(-1)  # (B * max_pages,)
-    rows = [
-        t.index_select(0, phys).view(batch, max_pages, num_kv_heads, head_dim).permute(0, 2, 3, 1)
+    # Gather (page, head) rows of each table viewed as (pages * H_kv, D), in (B, H_kv, P) order:
+    # the result is contiguous (B, H_kv, P, D), one matrix per (sequence, head), which bmm takes
+    # as it is. Gathering whole pages gives (B, P, H_kv, D) instead, and matmul then copies it
+    # (B and H_kv do not fold into one batch dim). At 4K context x 8 rows, 2 threads, that copy
+    # took 12 of scoring's 24 ms per decode step; this layout took a step from 130 to 119 ms.
+    heads = torch.arange(num_kv_heads, device=q.device)
+    rows = (plan.phys[:, None, :] * num_kv_heads + heads[:, None]).reshape(-1)  # (B * H_kv * P,)
+    per_head = [
+        t.reshape(-1, head_dim).index_select(0, rows).view(batch, num_kv_heads, max_pages, head_dim)
         for t in tables
-    ]  # (B, H_kv, D, max_pages)
-    return _score(q_groups, rows, score).amax(dim=2)  # (B, H_kv, max_pages)
+    ]  # (B, H_kv, max_pages, D)
+    per_head = [t.transpose(-1, -2) for t in per_head]  # (B, H_kv, D, max_pages) views
+    return _score(q_groups, per_head, score).amax(dim=2)  # (B, H_kv, max_pages)
 
 
 def _score(queries: Tensor, tables: list[Tensor], score: str) -> Tensor:
