@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
         names = ", ".join(sorted(COMMANDS))
         print(f"usage: sparrow-bench {{{names}}} [--help]", file=sys.stderr)
         return 2
+    from sparrow.malloc import tune_cpu_allocator
+
+    tune_cpu_allocator()  # before any benchmark allocates: both sides of a comparison get it
     module = importlib.import_module(COMMANDS[argv[0]])
     return module.main(argv[1:]) or 0
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from sparrow import malloc
 from sparrow.acceptance import exact_acceptance
 from sparrow.models import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
@@ -47,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     lm = load_model(ModelConfig(args.model))
     report = {
-        "config": {**vars(args), "threads": torch.get_num_threads()},
+        "config": {
+            **vars(args),
+            "threads": torch.get_num_threads(),
+            "cpu_allocator_tuned": malloc.tuned,
+        },
         "engine_vs_hf": engine_vs_hf(lm, args),
         "sparse_vs_dense": sparse_vs_dense(lm, args),
     }

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from sparrow import malloc
+
 TIME_PREFIX, TIME_SUFFIX = "time/", "_s"  # the trainer's per-phase seconds: time/<phase>_s
 DEFAULT_PRESET = "bench_step_cpu"
 # Both runs, unless overridden: no dense share in the sparse rollout (noise-floor prompts) and no
@@ -59,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         "dense": _set(_without(overrides, ("schedule.", "controller.")), "schedule", "dense")
         + ([] if args.dense_exact_monitor else ["monitor.exact=false"]),
     }
-    report: dict = {"config": {"argv": list(argv or []), "overrides": overrides}}
+    report: dict = {
+        "config": {
+            "argv": list(argv or []),
+            "overrides": overrides,
+            "cpu_allocator_tuned": malloc.tuned,
+        }
+    }
     with tempfile.TemporaryDirectory(prefix="sparrow-bench-step-") as tmp:
         for label, run_overrides in runs.items():
             forced = [f"run_dir={tmp}/{label}", "rl.eval.every=0", "logger.wandb.mode=disabled"]

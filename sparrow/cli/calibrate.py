@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from sparrow.cli.config_loader import ConfigError, load_config
+    from sparrow.malloc import tune_cpu_allocator
 
+    tune_cpu_allocator()
     try:
         cfg = load_config(overrides)
         budgets = (

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from sparrow.malloc import tune_cpu_allocator
 from sparrow.models import ModelConfig, load_model
 from sparrow.rl.data import DataConfig, DataError, load_prompts
 from sparrow.rl.tasks import TaskConfig
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print("sparrow-generate: give --budget-tokens or --schedule, not both", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
+    tune_cpu_allocator()
     lm = load_model(ModelConfig(args.model, dtype=args.dtype))
     data = DataConfig(
         source=args.prompts,

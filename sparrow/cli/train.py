@@ -42,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparrow-train: config error: {err}", file=sys.stderr)
         return 2
 
+    from sparrow.malloc import tune_cpu_allocator
     from sparrow.rl.data import DataError
     from sparrow.rl.trainer import GRPOTrainer, NonFiniteStreak
+
+    tune_cpu_allocator()
 
     try:
         trainer = GRPOTrainer(cfg)
