@@ -56,7 +56,10 @@ def load(out, stage, rank):
 
 def assert_params_equal(a, b):
     diff = torch.cat([(a[k] - b[k]).abs().flatten() for k in a])
-    assert diff.max() <= 1e-5
+    # Ranks sum gradients in another order; Adam (lr 1e-3) turns a rounding-level gradient
+    # difference on a near-zero-gradient element into up to ~lr. Measured max: under 1e-5 on an
+    # AVX2 host, 1.15e-5 at ZeRO-3 on an AVX-512 one. The gradient norms are checked to 1e-6.
+    assert diff.max() <= 5e-5
     assert (diff > 1e-7).float().mean() <= 1e-3
 
 
