@@ -37,18 +37,25 @@ TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: the largest, 2 GB of free to
 tuned = False  # whether this process's thresholds were raised (benchmarks record it)
 
 
+def glibc_mallopt():
+    """glibc's `mallopt(param, value)` as a ctypes function, or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        logger.debug("no glibc mallopt here; allocator thresholds left as they are")
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
 def tune_cpu_allocator() -> bool:
     """Raise glibc's mmap and trim thresholds for this process when it has no CUDA device; False
     where it did nothing: a CUDA host, or a C library other than glibc (macOS, musl)."""
-    if torch.cuda.is_available() or not sys.platform.startswith("linux"):
+    mallopt = glibc_mallopt()
+    if torch.cuda.is_available() or mallopt is None:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        logger.debug("no glibc mallopt here; allocator thresholds left as they are")
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     global tuned
     ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     ok &= mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1

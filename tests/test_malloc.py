@@ -1,24 +1,13 @@
 """The CPU allocator tuning the entry points apply (sparrow/malloc.py)."""
 
-import ctypes
-import ctypes.util
-import sys
-
 import pytest
 import torch
 
 from sparrow import malloc
 
 
-def _has_glibc_mallopt() -> bool:
-    try:
-        return hasattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "mallopt")
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(
-    not sys.platform.startswith("linux") or torch.cuda.is_available() or not _has_glibc_mallopt(),
+    torch.cuda.is_available() or malloc.glibc_mallopt() is None,
     reason="applies on a Linux glibc host without CUDA",
 )
 def test_thresholds_are_raised_on_a_cpu_host():

@@ -41,6 +41,9 @@ class SelectionPlan:
     candidate: Tensor  # (B, 1, P) bool pages eligible for the top-by-score choice
     always: Tensor  # (B, 1, P) bool pages kept regardless of score (sink, recent, dense rows)
     keep_top: Tensor  # (B, 1, max_top) bool which of the top-max_top a sequence keeps
+    # (B * H_kv * P,) rows of a summary table viewed as (pages * H_kv, D) in (B, H_kv, P) order:
+    # filled by the step's first torch scoring, then read by every other sparse layer.
+    summary_rows: Tensor | None = None
 
 
 def selection_plan(
@@ -140,13 +143,14 @@ def page_scores_torch(
     # as it is. Gathering whole pages gives (B, P, H_kv, D) instead, and matmul then copies it
     # (B and H_kv do not fold into one batch dim). At 4K context x 8 rows, 2 threads, that copy
     # took 12 of scoring's 24 ms per decode step; this layout took a step from 130 to 119 ms.
-    heads = torch.arange(num_kv_heads, device=q.device)
-    rows = (plan.phys[:, None, :] * num_kv_heads + heads[:, None]).reshape(-1)  # (B * H_kv * P,)
+    if plan.summary_rows is None:
+        heads = torch.arange(num_kv_heads, device=q.device)
+        plan.summary_rows = (plan.phys[:, None, :] * num_kv_heads + heads[:, None]).reshape(-1)
+    shape = (batch, num_kv_heads, max_pages, head_dim)
     per_head = [
-        t.reshape(-1, head_dim).index_select(0, rows).view(batch, num_kv_heads, max_pages, head_dim)
+        t.reshape(-1, head_dim).index_select(0, plan.summary_rows).view(shape).transpose(-1, -2)
         for t in tables
-    ]  # (B, H_kv, max_pages, D)
-    per_head = [t.transpose(-1, -2) for t in per_head]  # (B, H_kv, D, max_pages) views
+    ]  # (B, H_kv, D, max_pages) views of contiguous (B, H_kv, max_pages, D)
     return _score(q_groups, per_head, score).amax(dim=2)  # (B, H_kv, max_pages)
 
 
