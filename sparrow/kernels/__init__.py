@@ -1,15 +1,19 @@
 """Paged block-sparse decode attention: KV cache layout, page summaries, page selection, decode.
 
-Public ops (one function each, `backend` = "auto" | "torch" | "triton"; auto runs Triton on CUDA
-tensors and torch on CPU). The torch backend is both the reference math and the CPU production
-path; Triton is imported only when a Triton backend is actually used, so CPU users never pay for
-it and tests can set TRITON_INTERPRET=1 before it is imported. This package imports nothing else
-from sparrow.
+Public ops (one function each, `backend` = "auto" | "torch" | "triton" | "cpp"). auto runs Triton
+on CUDA tensors; on CPU fp32 tensors the fused C++ kernel of `sparse_decode` (decode_cpu.cpp,
+built on first use) when it builds, else torch. The torch backend is the reference math and the
+CPU fallback; "cpp" is one fused op (`sparse_decode`), so `select_pages` and `paged_decode` run
+torch under it. Triton is imported only when a Triton backend is actually used, so CPU users
+never pay for it and tests can set TRITON_INTERPRET=1 before it is imported. This package imports
+nothing else from sparrow.
 """
 
+import torch
 from torch import Tensor
 
 from .checks import check_decode_inputs, check_select_inputs
+from .decode_cpu import cpu_kernel, cpu_kernel_error, sparse_decode_cpu
 from .decode_torch import GatherPlan, attend_gathered, attend_planned, gather_kv, gather_plan
 from .paged_cache import PageSummary, update_page_summaries, write_kv
 from .selection import (
@@ -21,7 +25,7 @@ from .selection import (
     selection_plan,
 )
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "cpp")
 
 __all__ = [
     "BACKENDS",
@@ -31,11 +35,14 @@ __all__ = [
     "SelectedPages",
     "SelectionPlan",
     "attend_gathered",
+    "cpu_kernel_error",
     "gather_kv",
     "gather_plan",
     "paged_decode",
+    "resolve_backend",
     "select_pages",
     "selection_plan",
+    "sparse_decode",
     "update_page_summaries",
     "uses_triton",
     "write_kv",
@@ -132,6 +139,68 @@ def paged_decode(
         _, page_size, num_kv_heads, _ = k_cache.shape
         plan = gather_plan(page_table, seq_lens, selected, page_size, num_kv_heads)
     return attend_planned(q, k_cache, v_cache, plan, scale, workspace)
+
+
+def sparse_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    summary: PageSummary | None,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    budgets: Tensor | None,
+    *,
+    score: str = "quest",
+    num_sink: int = 1,
+    num_recent: int = 2,
+    scale: float | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    """`select_pages` then `paged_decode` (arguments as theirs; `budgets` None: every page), in
+    one pass per (sequence, KV head) on the cpp backend. Returns (B, H_q, D) in q's dtype."""
+    page_size = k_cache.shape[1]
+    check_decode_inputs(q, k_cache, v_cache, page_table, seq_lens, None, validate)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if budgets is not None:
+        if summary is None:
+            raise ValueError("sparse_decode: budgets need the layer's page summary")
+        rule = (score, page_size, num_sink, num_recent)
+        check_select_inputs(q, summary, page_table, seq_lens, budgets, *rule, validate)
+    if resolve_backend(backend, q) == "cpp":
+        return sparse_decode_cpu(
+            q, k_cache, v_cache, summary, page_table, seq_lens, budgets,
+            score=score, num_sink=num_sink, num_recent=num_recent, scale=scale,
+        )  # fmt: skip
+    selected = None
+    if budgets is not None:
+        selected = select_pages(
+            q, summary, page_table, seq_lens, budgets, score=score, page_size=page_size,
+            num_sink=num_sink, num_recent=num_recent, backend=backend, validate=False,
+        )  # fmt: skip
+    return paged_decode(
+        q, k_cache, v_cache, page_table, seq_lens, selected, scale=scale, backend=backend,
+        validate=False,
+    )  # fmt: skip
+
+
+def resolve_backend(backend: str, q: Tensor) -> str:
+    """The backend `backend` runs for tensors like `q`: "triton", "cpp" or "torch".
+    auto: Triton on CUDA; the C++ kernel for CPU fp32 when it builds (else torch)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton" or (backend == "auto" and q.is_cuda):
+        return "triton"
+    cpu_fp32 = q.device.type == "cpu" and q.dtype == torch.float32
+    if backend == "cpp":
+        if not cpu_fp32:
+            raise ValueError(f"backend 'cpp' runs fp32 CPU tensors, got {q.dtype} on {q.device}")
+        if cpu_kernel() is None:
+            raise RuntimeError(f"backend 'cpp' is unavailable: {cpu_kernel_error()}")
+        return "cpp"
+    if backend == "auto" and cpu_fp32 and cpu_kernel() is not None:
+        return "cpp"
+    return "torch"
 
 
 def uses_triton(backend: str, q: Tensor) -> bool:

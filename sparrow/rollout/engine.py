@@ -49,7 +49,7 @@ class EngineConfig:
     num_sink: int = 1  # first pages always attended (attention sink)
     num_recent: int = 2  # last pages always attended (recent window)
     topk_logprobs: int = 20  # K of the recorded top-K log-probs
-    backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton"
+    backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton" | "cpp"
     dense_kv_copy: bool = True  # torch backend: dense layers keep contiguous K/V (dense_kv.py)
     dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
     linear_backend: str = "torch"  # GEMMs: "torch" (as HF) | "onednn" (CPU fp32, packed, faster)

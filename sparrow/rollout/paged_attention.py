@@ -3,7 +3,8 @@
 Owns the K/V pages of every layer (allocated once, sized by `num_pages`), the page summaries of
 the sparse layers, and the per-step metadata that says where each token goes. Decode attention
 is dense on `dense_layers` and block-sparse elsewhere: pages are chosen per (sequence, KV head)
-by `select_pages` with the sequence's budget, then `paged_decode` attends to them (DESIGN.md §1).
+by `select_pages` with the sequence's budget, then `paged_decode` attends to them (DESIGN.md §1);
+on CPU fp32 the fused C++ kernel (`sparse_decode`, kernels/decode_cpu.cpp) does both in one pass.
 On the torch backend the dense layers read a contiguous copy of their K/V that each step extends
 by one token (`DenseKVCopy`) rather than gathering every page again.
 Page summaries (one table over all layers x pages, viewed per sparse layer) are refreshed by
@@ -26,8 +27,10 @@ from sparrow.kernels import (
     attend_gathered,
     gather_plan,
     paged_decode,
+    resolve_backend,
     select_pages,
     selection_plan,
+    sparse_decode,
     update_page_summaries,
     uses_triton,
     write_kv,
@@ -42,7 +45,7 @@ class SparseAttentionConfig:
     score: str = "quest"  # page score of the sparse layers: "quest" | "centroid"
     num_sink: int = 1  # first pages always kept (attention sink)
     num_recent: int = 2  # last pages always kept (recent window, with the partial page)
-    backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton"
+    backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton" | "cpp"
     # torch backend: keep the dense layers' K/V contiguous between steps (dense_kv.py) instead of
     # gathering every page at every step; costs up to the pool's memory again for those layers.
     dense_kv_copy: bool = True
@@ -98,6 +101,8 @@ class PagedKVCache:
         self._rule = dict(page_size=cfg.page_size, num_sink=cfg.num_sink, num_recent=cfg.num_recent)
         # Decode's gathered K and V (torch backend), reused by every layer and step.
         self._workspace = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]
+        # Sparse layers: selection and attention fused in C++ (CPU fp32, when it builds).
+        self._fused_sparse = resolve_backend(cfg.backend, self.k) == "cpp"
         self.dense_copy = None
         if cfg.dense_kv_copy and not uses_triton(cfg.backend, self.k):
             self.dense_copy = DenseKVCopy(
@@ -149,6 +154,12 @@ class PagedKVCache:
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         summary = self.summaries[layer]
         selected = None
+        if summary is not None and meta.budgets is not None and self._fused_sparse:
+            return sparse_decode(
+                q, k_cache, v_cache, summary, meta.page_table, meta.seq_lens, meta.budgets,
+                score=self.cfg.score, num_sink=self.cfg.num_sink, num_recent=self.cfg.num_recent,
+                backend="cpp", validate=False,
+            )  # fmt: skip
         if summary is not None and meta.budgets is not None:
             if meta.selection is None:  # the same for every sparse layer of the step
                 meta.selection = selection_plan(

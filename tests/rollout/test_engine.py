@@ -192,3 +192,22 @@ def test_per_sequence_schedules_match_engine_wide_ones(lively_llama):
     assert outs[0].budget_pages.tolist() != outs[1].budget_pages.tolist()
     with pytest.raises(ValueError, match="2 schedules for 1 sequences"):
         engine.score([prompt], [completion], schedules=[None, tight])
+
+
+def test_fused_cpu_kernel_decodes_like_the_torch_ops(lively_llama):
+    # backend "auto" on CPU fp32 runs the sparse layers through the fused C++ kernel (when a
+    # compiler is installed); "torch" through select_pages + paged_decode.
+    vocab = lively_llama.model.config.vocab_size
+    prompts = random_prompts(vocab, [40, 23, 57], seed=10)
+    completions = random_prompts(vocab, [20, 20, 20], seed=11)
+    results = {}
+    for backend in ("cpp", "torch"):
+        engine = make_engine(lively_llama, backend=backend)
+        assert engine.runner.kv._fused_sparse == (backend == "cpp")
+        engine.set_schedule(lambda context_tokens: 4)  # 16 tokens: sparse past 4 pages
+        scores = engine.score(prompts, completions)
+        tokens = [o.token_ids for o in engine.generate(prompts, GREEDY)]
+        results[backend] = scores, tokens
+    for a, b in zip(results["cpp"][0], results["torch"][0], strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+    assert results["cpp"][1] == results["torch"][1]
