@@ -1,10 +1,13 @@
 """Kernel benchmark: one layer's block-sparse decode (page selection + sparse attention) against
 dense paged decode, over context lengths x budgets.
 
-    sparrow-bench kernel                       # CPU: torch backend, SmolLM2-like small shapes
+    sparrow-bench kernel                       # CPU: SmolLM2-like small shapes (auto: the C++
+                                               # kernel when it builds; --backend torch: torch ops)
     sparrow-bench kernel --json out.json       # a list of rows, one per (context, budget)
     sparrow-bench kernel --sweep               # GPU: also time a few Triton tile configs
 
+On the cpp backend selection and attention are one fused call: select_ms and sparse_decode_ms are
+null, sparse_ms times the call; dense_ms is the torch paged decode (gather + SDPA) there.
 Bytes read count what each path must read: dense, every K/V token; sparse, the selected pages'
 K/V plus the page summaries that scoring reads (fp32 centroid, or min and max for Quest). On a GPU
 the achieved fraction of HBM bandwidth is reported against --peak-tbps (default from the device
@@ -21,7 +24,15 @@ from pathlib import Path
 
 import torch
 
-from sparrow.kernels import PageSummary, paged_decode, select_pages, update_page_summaries
+from sparrow.kernels import (
+    BACKENDS,
+    PageSummary,
+    paged_decode,
+    resolve_backend,
+    select_pages,
+    sparse_decode,
+    update_page_summaries,
+)
 
 PEAK_TBPS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # vendor HBM bandwidth by name substring
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -32,7 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(prog="sparrow-bench kernel", description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--contexts", type=int, nargs="+", default=None, help="context tokens")
     p.add_argument("--budgets", type=int, nargs="+", default=None, help="budget tokens")
     p.add_argument("--batch", type=int, default=None, help="sequences decoded together")
@@ -130,8 +141,8 @@ def bench_context(args, context: int, device: torch.device, peak_tbps: float | N
     dense_bytes = args.batch * context * kv_bytes_per_token
     summary_tables = 2 if args.score == "quest" else 1
     select_bytes = args.batch * num_pages * args.kv_heads * args.head_dim * 4 * summary_tables
-    backend = args.backend
-    resolved = "triton" if backend == "triton" or (backend == "auto" and q.is_cuda) else "torch"
+    resolved = resolve_backend(args.backend, q)
+    backend = "torch" if resolved == "cpp" else resolved  # the separate ops' backend
 
     def dense():
         return paged_decode(q, k_cache, v_cache, table, lens, backend=backend, validate=False)
@@ -146,13 +157,20 @@ def bench_context(args, context: int, device: torch.device, peak_tbps: float | N
         select = functools.partial(select_pages, q, summary, table, lens, budgets, **sel_kw)
         decode = functools.partial(paged_decode, backend=backend, validate=False)
         selected = select()
-        sparse_decode = functools.partial(decode, q, k_cache, v_cache, table, lens, selected)
+        decode_selected = functools.partial(decode, q, k_cache, v_cache, table, lens, selected)
 
         def sparse(select=select, decode=decode):
             return decode(q, k_cache, v_cache, table, lens, select())
 
-        select_ms = time_ms(select, device, args.iters)
-        sparse_decode_ms = time_ms(sparse_decode, device, args.iters)
+        if resolved == "cpp":  # selection + attention in one call
+            sparse = functools.partial(
+                sparse_decode, q, k_cache, v_cache, summary, table, lens, budgets,
+                score=args.score, backend="cpp", validate=False,
+            )  # fmt: skip
+            select_ms = sparse_decode_ms = None
+        else:
+            select_ms = time_ms(select, device, args.iters)
+            sparse_decode_ms = time_ms(decode_selected, device, args.iters)
         sparse_ms = time_ms(sparse, device, args.iters)
         sparse_bytes = (
             args.batch * min(budget_pages, num_pages) * args.page_size * kv_bytes_per_token
