@@ -7,6 +7,8 @@ setup(
     version="0.1.0",
     description="RLVR trainer with a Triton paged block-sparse rollout engine and tail-acceptance control",
     packages=find_packages(include=["sparrow", "sparrow.*"]),
+    # The CPU decode kernel's source, compiled on first use (sparrow/kernels/decode_cpu.py).
+    package_data={"sparrow.kernels": ["decode_cpu.cpp"]},
     python_requires=">=3.10",
     install_requires=[
         # Pinned so that a CPU box takes the local CPU wheel and a GPU box the CUDA build.

@@ -39,7 +39,9 @@ FLAGS = (
     "-O3",
     "-march=native",
     "-fopenmp",
-    "-fno-math-errno",  # lets max/exp loops vectorise; no -ffast-math (it would set FTZ globally)
+    # No errno or trap semantics to keep in the vector loops. Not -ffast-math: linked into a
+    # shared library, GCC adds crtfastmath, which sets flush-to-zero for the whole process.
+    "-fno-math-errno",
     "-fno-trapping-math",
     "-std=c++17",
     "-shared",
