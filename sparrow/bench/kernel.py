@@ -152,25 +152,29 @@ def bench_context(args, context: int, device: torch.device, peak_tbps: float | N
     for budget_tokens in args.budgets:
         budget_pages = max(-(-budget_tokens // args.page_size), 3)
         budgets = torch.full((args.batch,), budget_pages, dtype=torch.int32, device=device)
-        sel_kw = dict(score=args.score, page_size=args.page_size, backend=backend, validate=False)
-
-        select = functools.partial(select_pages, q, summary, table, lens, budgets, **sel_kw)
-        decode = functools.partial(paged_decode, backend=backend, validate=False)
-        selected = select()
-        decode_selected = functools.partial(decode, q, k_cache, v_cache, table, lens, selected)
-
-        def sparse(select=select, decode=decode):
-            return decode(q, k_cache, v_cache, table, lens, select())
-
-        if resolved == "cpp":  # selection + attention in one call
+        if resolved == "cpp":  # selection + attention in one call: no separate phases
             sparse = functools.partial(
                 sparse_decode, q, k_cache, v_cache, summary, table, lens, budgets,
                 score=args.score, backend="cpp", validate=False,
             )  # fmt: skip
             select_ms = sparse_decode_ms = None
         else:
+            sel_kw = dict(score=args.score, page_size=args.page_size, backend=backend)
+            select = functools.partial(
+                select_pages, q, summary, table, lens, budgets, **sel_kw, validate=False
+            )
+            decode = functools.partial(paged_decode, backend=backend, validate=False)
+            selected = select()
+
+            def sparse(select=select, decode=decode):
+                return decode(q, k_cache, v_cache, table, lens, select())
+
             select_ms = time_ms(select, device, args.iters)
-            sparse_decode_ms = time_ms(decode_selected, device, args.iters)
+            sparse_decode_ms = time_ms(
+                functools.partial(decode, q, k_cache, v_cache, table, lens, selected),
+                device,
+                args.iters,
+            )
         sparse_ms = time_ms(sparse, device, args.iters)
         sparse_bytes = (
             args.batch * min(budget_pages, num_pages) * args.page_size * kv_bytes_per_token

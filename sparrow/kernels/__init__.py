@@ -43,6 +43,7 @@ __all__ = [
     "select_pages",
     "selection_plan",
     "sparse_decode",
+    "sparse_decode_cpu",
     "update_page_summaries",
     "uses_triton",
     "write_kv",

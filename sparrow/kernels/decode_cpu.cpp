@@ -198,7 +198,7 @@ extern "C" void sparrow_sparse_decode(const float* q, const float* k_cache, cons
                head_dim, page_size,  num_sink,     num_recent, scale,      out};
   const int64_t num_tasks = batch * num_kv_heads;
   // (1) scores of the sparse rows' candidate pages, in chunks of pages; (2) selection + attention.
-  constexpr int64_t kChunk = 64;  // pages per scoring task: 8 sequences x 4K make 32 tasks
+  constexpr int64_t kChunk = 64;  // pages per scoring task: 8 sequences x 4K (258 pages) make 40 tasks
   int64_t max_pages = 0;
   for (int64_t b = 0; b < batch; ++b)
     max_pages = std::max<int64_t>(max_pages, (seq_lens[b] + page_size - 1) / page_size);

@@ -83,8 +83,9 @@ def sparse_decode_cpu(
     num_recent: int,
     scale: float,
 ) -> Tensor:
-    """Selection + decode attention in one call; arguments as `kernels.sparse_decode`, checked
-    there. `budgets`/`summary` None: every page. Returns (B, H_q, D) fp32."""
+    """Selection + decode attention in one call; arguments as `kernels.sparse_decode`, which
+    checks them (callers that built the inputs themselves, like the engine, call this directly).
+    `budgets` None: every page. Returns (B, H_q, D) fp32."""
     lib = cpu_kernel()
     if lib is None:
         raise RuntimeError(f"the cpp decode backend is unavailable: {cpu_kernel_error()}")
@@ -96,8 +97,6 @@ def sparse_decode_cpu(
     tables: tuple[Tensor | None, Tensor | None] = (None, None)
     if budgets is not None:
         budgets = budgets.to(torch.int32).contiguous()
-        if summary is None:
-            raise ValueError("sparse_decode: budgets need the layer's page summary")
         tables = (summary.k_mean, None) if score == "centroid" else (summary.k_max, summary.k_min)
         for t in tables:
             if t is not None and not t.is_contiguous():
@@ -151,6 +150,7 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_isa()):
         key.update(part)
+    # sparrow.models.cache_root's rule; kernels/ imports nothing from the rest of sparrow.
     root = os.environ.get("SPARROW_CACHE") or Path.home() / ".cache" / "sparrow"
     target = Path(root) / "kernels" / f"decode_cpu-{key.hexdigest()[:16]}.so"
     if target.exists():

@@ -30,7 +30,7 @@ from sparrow.kernels import (
     resolve_backend,
     select_pages,
     selection_plan,
-    sparse_decode,
+    sparse_decode_cpu,
     update_page_summaries,
     uses_triton,
     write_kv,
@@ -155,10 +155,11 @@ class PagedKVCache:
         summary = self.summaries[layer]
         selected = None
         if summary is not None and meta.budgets is not None and self._fused_sparse:
-            return sparse_decode(
+            # The backend was resolved and the layout fixed at construction: no per-layer checks.
+            return sparse_decode_cpu(
                 q, k_cache, v_cache, summary, meta.page_table, meta.seq_lens, meta.budgets,
                 score=self.cfg.score, num_sink=self.cfg.num_sink, num_recent=self.cfg.num_recent,
-                backend="cpp", validate=False,
+                scale=q.shape[-1] ** -0.5,
             )  # fmt: skip
         if summary is not None and meta.budgets is not None:
             if meta.selection is None:  # the same for every sparse layer of the step
