@@ -13,21 +13,21 @@ The dense actor's logits are compared with them over the full vocabulary.
 Both passes compute a GRPO group's prompt once. The engine's `score` prefills each distinct
 prompt once and shares its KV pages between the rows that replay it. The dense actor runs each
 group's prompt (a run of consecutive rows with equal prompt tokens) once into a KV cache, indexes
-the cache out to the group's rows and runs their completions on it, as the actor's group-shared
-log-prob pass does (rl/policy_logprobs.py): P + sum(C_i - 1) decoder tokens per group instead of
-G (P + C). Logits are computed only where they are compared (the last prompt position and the
-completion positions, never (b, T, V) over prompts), one row at a time, so at most one row's
-dense logits exist beside the engine's.
+the cache out to the group's rows and runs their completions on it, with the helper of the
+actor's group-shared log-prob pass (`group_shared_hidden`, rl/policy_logprobs.py):
+P + sum(C_i - 1) decoder tokens per group instead of G (P + C). Logits are computed only where
+they are compared (the last prompt position and the completion positions, never (b, T, V) over
+prompts), one row at a time, so at most one row's dense logits exist beside the engine's.
 """
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor, nn
-from transformers import DynamicCache
+from torch import Tensor
 
 from sparrow.acceptance import exact_acceptance
 from sparrow.batch import RolloutBatch
+from sparrow.rl.policy_logprobs import group_shared_hidden
 
 
 @torch.no_grad()
@@ -56,13 +56,13 @@ def exact_batch_acceptance(
     runs = prompt_runs(prompts)  # (B,)
     head = dense_model.get_output_embeddings()
     for sl in _micro_batches(runs, micro_batch_size, device):
-        hidden = completion_hidden(
-            dense_model,
+        hidden = group_shared_hidden(
+            dense_model.get_decoder(),
             batch.input_ids[sl].to(device),
             batch.attention_mask[sl].to(device),
             batch.prompt_lens[sl].to(device),
             runs[sl].to(device),
-        )  # (b, C, H)
+        ).hidden  # (b, 1 + F, H)
         for i, b in enumerate(range(sl.start, sl.stop)):
             p0, n = int(batch.prompt_lens[b]), len(completions[b])
             # Row i's hidden state j predicts its completion token j, at position p0 + j.
@@ -103,55 +103,6 @@ def prompt_runs(prompts: list[list[int]]) -> Tensor:
     for before, prompt in zip(prompts, prompts[1:], strict=False):
         runs.append(runs[-1] + (prompt != before))
     return torch.tensor(runs[: len(prompts)], dtype=torch.int64)
-
-
-def completion_hidden(
-    lm: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor, runs: Tensor
-) -> Tensor:
-    """Final hidden states (b, C, H) whose column j predicts each row's completion token j.
-
-    input_ids, attention_mask (b, T) right-padded; prompt_lens, runs (b,): rows with the same
-    consecutive run index share their prompt, which goes through the decoder once. Columns past
-    a row's completion are padding. Every call makes the same module calls (two decoder passes,
-    the second over at least one token), so that ZeRO-3's per-module gathers match across ranks.
-    """
-    seq_len = input_ids.shape[1]
-    device = input_ids.device
-    starts = torch.ones(len(runs), dtype=torch.bool, device=device)  # (b,) first row of a run
-    starts[1:] = runs[1:] != runs[:-1]
-    first_row = starts.nonzero().squeeze(1)  # (g,)
-    row_group = starts.cumsum(0) - 1  # (b,)
-    completion_lens = attention_mask.sum(1) - prompt_lens  # (b,)
-    max_prompt = int(prompt_lens.max())
-    # The last completion token predicts nothing; one masked column when no row has two tokens.
-    fed_len = max(int(completion_lens.max()) - 1, 1)
-    decoder = lm.get_decoder()
-
-    # Each group's prompt once; shorter prompts are right-padded (masked keys, unused outputs).
-    key_mask = torch.arange(max_prompt, device=device) < prompt_lens[:, None]  # (b, P)
-    cache = DynamicCache(config=decoder.config)
-    prompt_hidden = decoder(
-        input_ids=input_ids[first_row, :max_prompt],
-        attention_mask=key_mask[first_row].long(),
-        cache=cache,
-        use_cache=True,
-    ).last_hidden_state  # (g, P, H)
-    # The last prompt position predicts every row's first completion token.
-    last_prompt = prompt_hidden[row_group, prompt_lens - 1]  # (b, H)
-
-    cache.batch_select_indices(row_group)  # the group's prompt K/V for each of its rows
-    offsets = torch.arange(fed_len, device=device)  # (F,)
-    positions = prompt_lens[:, None] + offsets  # (b, F) absolute positions of the fed tokens
-    fed_mask = offsets < completion_lens[:, None] - 1  # (b, F)
-    fed_ids = input_ids.gather(1, positions.clamp(max=seq_len - 1))  # (b, F)
-    completion = decoder(
-        input_ids=torch.where(fed_mask, fed_ids, 0),
-        attention_mask=torch.cat([key_mask, fed_mask], 1).long(),
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-    ).last_hidden_state  # (b, F, H)
-    return torch.cat([last_prompt[:, None], completion], 1)  # (b, 1 + F, H)
 
 
 def _micro_batches(runs: Tensor, micro_batch_size: int, device: torch.device) -> list[slice]:

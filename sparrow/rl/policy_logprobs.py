@@ -17,6 +17,8 @@ losses and the monitor read the same tensors in both layouts. Prompt positions a
 per group and copied to its rows.
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -80,54 +82,25 @@ class PolicyWithLogprobs(nn.Module):
         topk: int,
         temperature: float,
     ) -> Scores:
-        batch, seq_len = input_ids.shape
+        seq_len = input_ids.shape[1]
         device = input_ids.device
-        starts = torch.ones(batch, dtype=torch.bool, device=device)  # (b,) first row of a group
-        starts[1:] = group_ids[1:] != group_ids[:-1]
-        first_row = starts.nonzero().squeeze(1)  # (g,)
-        row_group = starts.cumsum(0) - 1  # (b,) the group of each row
-        completion_lens = attention_mask.sum(1) - prompt_lens  # (b,)
-        max_prompt = int(prompt_lens.max())
-        max_completion = int(completion_lens.max())
-        decoder = self.lm.get_decoder()
-
-        # Each group's prompt once; rows of shorter prompts are right-padded (masked keys).
-        prompt_ids = input_ids[first_row, :max_prompt]  # (g, P)
-        prompt_key_mask = torch.arange(max_prompt, device=device) < prompt_lens[:, None]  # (b, P)
-        cache = DynamicCache(config=decoder.config)
-        prompt_hidden = decoder(
-            input_ids=prompt_ids,
-            attention_mask=prompt_key_mask[first_row].long(),
-            cache=cache,
-            use_cache=True,
-        ).last_hidden_state  # (g, P, H)
+        shared = group_shared_hidden(
+            self.lm.get_decoder(), input_ids, attention_mask, prompt_lens, group_ids
+        )
+        prompt_ids = input_ids[shared.first_row, : shared.prompt_hidden.shape[1]]  # (g, P)
         prompt_scores = self._score(
-            prompt_hidden[:, :-1], prompt_ids[:, 1:], topk, temperature
+            shared.prompt_hidden[:, :-1], prompt_ids[:, 1:], topk, temperature
         )  # (g, P - 1, ...)
-        # The prompt's last hidden state predicts each row's first completion token.
-        last_prompt = prompt_hidden[row_group, prompt_lens - 1]  # (b, H)
-
+        max_completion = int((attention_mask.sum(1) - prompt_lens).max())
         offsets = torch.arange(max_completion, device=device)  # (C,)
-        positions = prompt_lens[:, None] + offsets  # (b, C) absolute positions
-        completion_mask = offsets < completion_lens[:, None]  # (b, C)
-        completion_ids = input_ids.gather(1, positions.clamp(max=seq_len - 1))  # (b, C)
-        completion_ids = torch.where(completion_mask, completion_ids, 0)
-        hidden = last_prompt[:, None]  # (b, 1, H)
-        if max_completion > 1:
-            # Indexing the cache out to rows keeps autograd: the prompt's KV gets every row's
-            # gradient. Only the last completion token predicts nothing: leave it out.
-            cache.batch_select_indices(row_group)
-            completion_hidden = decoder(
-                input_ids=completion_ids[:, :-1],
-                attention_mask=torch.cat([prompt_key_mask, completion_mask[:, :-1]], 1).long(),
-                position_ids=positions[:, :-1],
-                cache=cache,
-                use_cache=True,
-            ).last_hidden_state  # (b, C - 1, H)
-            hidden = torch.cat([hidden, completion_hidden], 1)  # (b, C, H)
+        completion_ids = input_ids.gather(
+            1, (prompt_lens[:, None] + offsets).clamp(max=seq_len - 1)
+        )  # (b, C)
+        completion_ids = torch.where(offsets < shared.completion_lens[:, None], completion_ids, 0)
         completion_scores = self._score(
-            hidden[:, :max_completion], completion_ids, topk, temperature
+            shared.hidden[:, :max_completion], completion_ids, topk, temperature
         )  # (b, C, ...)
+        row_group = shared.row_group
 
         t = torch.arange(seq_len, device=device)  # (T,)
         in_prompt = (t >= 1) & (t < prompt_lens[:, None])  # (b, T)
@@ -169,6 +142,70 @@ class PolicyWithLogprobs(nn.Module):
             entropy = -(logprobs.exp() * logprobs).sum(-1)  # (n, c)
             topk_lp, topk_ids = logprobs.topk(topk, dim=-1)  # (n, c, K)
         return token_lp, topk_ids, topk_lp, entropy
+
+
+class GroupShared(NamedTuple):
+    """What `group_shared_hidden` returns; g groups, b rows."""
+
+    prompt_hidden: Tensor  # (g, P, H) each group's prompt, right-padded to the longest
+    hidden: Tensor  # (b, 1 + F, H): column j predicts the row's completion token j
+    first_row: Tensor  # (g,) the first row of each group
+    row_group: Tensor  # (b,) the group of each row
+    completion_lens: Tensor  # (b,)
+
+
+def group_shared_hidden(
+    decoder: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    group_ids: Tensor,
+) -> GroupShared:
+    """Final hidden states of right-padded rows (b, T) whose consecutive rows with the same
+    group id share their prompt: the decoder runs once over each group's prompt (g, P) into a KV
+    cache, the cache is indexed out to the group's rows (differentiable: the prompt's K/V gets
+    every row's gradient) and the completions attend to it.
+
+    Every call makes the same module calls, two decoder passes, the second over at least one
+    (then masked) token: ZeRO-3 gathers each module's weights per call, and a rank that skipped
+    the second pass (all its completions one token long) would leave the others waiting.
+    """
+    seq_len = input_ids.shape[1]
+    device = input_ids.device
+    starts = torch.ones(len(group_ids), dtype=torch.bool, device=device)  # (b,)
+    starts[1:] = group_ids[1:] != group_ids[:-1]
+    first_row = starts.nonzero().squeeze(1)  # (g,)
+    row_group = starts.cumsum(0) - 1  # (b,)
+    completion_lens = attention_mask.sum(1) - prompt_lens  # (b,)
+    max_prompt = int(prompt_lens.max())
+    # The last completion token predicts nothing: it is not fed.
+    fed_len = max(int(completion_lens.max()) - 1, 1)
+
+    key_mask = torch.arange(max_prompt, device=device) < prompt_lens[:, None]  # (b, P)
+    cache = DynamicCache(config=decoder.config)
+    prompt_hidden = decoder(
+        input_ids=input_ids[first_row, :max_prompt],
+        attention_mask=key_mask[first_row].long(),
+        cache=cache,
+        use_cache=True,
+    ).last_hidden_state  # (g, P, H)
+    # The last prompt position predicts every row's first completion token.
+    last_prompt = prompt_hidden[row_group, prompt_lens - 1]  # (b, H)
+
+    cache.batch_select_indices(row_group)  # the group's prompt K/V for each of its rows
+    offsets = torch.arange(fed_len, device=device)  # (F,)
+    positions = prompt_lens[:, None] + offsets  # (b, F) absolute positions of the fed tokens
+    fed_mask = offsets < completion_lens[:, None] - 1  # (b, F)
+    fed_ids = input_ids.gather(1, positions.clamp(max=seq_len - 1))  # (b, F)
+    completion = decoder(
+        input_ids=torch.where(fed_mask, fed_ids, 0),
+        attention_mask=torch.cat([key_mask, fed_mask], 1).long(),
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+    ).last_hidden_state  # (b, F, H)
+    hidden = torch.cat([last_prompt[:, None], completion], 1)  # (b, 1 + F, H)
+    return GroupShared(prompt_hidden, hidden, first_row, row_group, completion_lens)
 
 
 def check_shared_prompts(
