@@ -179,3 +179,33 @@ def test_a_new_call_never_reads_the_last_calls_copy(lively_llama):
     for lengths, seed in (([6, 6], 3), ([9, 9], 4)):
         prompts = random_prompts(vocab, lengths, seed=seed)
         assert_same_outputs(with_copy.generate(prompts, params), without.generate(prompts, params))
+
+
+def test_samples_of_one_prompt_decode_densely_through_the_kernel(lively_llama, monkeypatch):
+    """Rows sharing most of their pages (4 samples of a 40-token prompt) read them through the
+    fused kernel over every page instead of per-row copies: the same tokens and log-probs as the
+    torch backend's copies. Distinct prompts keep the copies."""
+    from sparrow.rollout import paged_attention
+
+    calls = {"all_pages": 0}
+    real = paged_attention.sparse_decode_cpu
+
+    def counting(*args, **kwargs):
+        calls["all_pages"] += args[6] is None  # budgets: None = every page
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(paged_attention, "sparse_decode_cpu", counting)
+    vocab = lively_llama.model.config.vocab_size
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    shared = random_prompts(vocab, [40], seed=3)
+    fused = make_engine(lively_llama, seed=5)
+    assert fused.runner.kv._fused_sparse
+    outs = fused.generate(shared, params, n=4)
+    num_layers = fused.runner.model.shape.num_layers
+    assert calls["all_pages"] == num_layers * 11  # 11 decode steps, the first token from prefill
+    assert_same_outputs(
+        outs, make_engine(lively_llama, seed=5, backend="torch").generate(shared, params, n=4)
+    )
+    calls["all_pages"] = 0
+    fused.generate(random_prompts(vocab, [40, 33, 37, 29], seed=4), params)
+    assert calls["all_pages"] == 0
