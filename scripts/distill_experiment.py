@@ -72,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--online-prompts", type=int, default=4, help="held-out prompts per step")
     p.add_argument("--online-samples", type=int, default=2)
     p.add_argument("--tau", type=float, default=0.86)
+    p.add_argument(
+        "--min-tokens", type=int, default=30, help="controller: fewer tokens in a bin, no action"
+    )
     p.add_argument("--grid", default="3,4,5,6,8,10", help="online grid (pages, >= sink + recent)")
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
@@ -228,7 +231,9 @@ class Experiment:
         args = self.args
         grid = tuple(int(x) for x in args.grid.split(","))
         schedule = BudgetSchedule(args.bin_tokens, (grid[0],), grid, page_size=16)
-        controller = OnlineController(schedule, ControllerConfig(tau=args.tau, min_tokens=30))
+        controller = OnlineController(
+            schedule, ControllerConfig(tau=args.tau, min_tokens=args.min_tokens)
+        )
         self.use_adapter = with_adapter
         self.sparse_schedule = lambda context_tokens: controller.schedule.budget_pages(
             context_tokens
