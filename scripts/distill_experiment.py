@@ -85,6 +85,12 @@ def parse_args() -> argparse.Namespace:
         default=True,
         help="phi only at sparsely decoded tokens (--no-gate: merged into every token)",
     )
+    p.add_argument(
+        "--save-adapter", help="write the adapter (and its optimizer) here after training"
+    )
+    p.add_argument(
+        "--load-adapter", help="start from this saved adapter (with --steps 0: online part only)"
+    )
     p.add_argument("--out", default="runs/distill_experiment.json")
     return p.parse_args()
 
@@ -280,28 +286,11 @@ def main() -> None:
     args = parse_args()
     start = time.perf_counter()
     exp = Experiment(args)
-    before = exp.evaluate()
-    print(f"before: {len(before['values'])} held-out tokens ({time.perf_counter() - start:.0f} s)")
-    history = []
-    for step in range(1, args.steps + 1):
-        metrics = exp.train_step()
-        history.append(metrics)
-        print(
-            f"step {step}/{args.steps}: k3 {metrics['distill/k3']:.4f} "
-            f"logp_gap {metrics['distill/logp_gap']:+.4f} reward {metrics['reward']:.2f} "
-            f"grad_norm {metrics['distill/grad_norm']:.3f} ({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-    after = exp.evaluate()
-    paired_values, paired_positions = exp.acceptance(before["prompts"], before["completions"])
-    conditions = {
-        "before": bins_table("before", before["values"], before["positions"], args.bin_tokens),
-        "after": bins_table("after", after["values"], after["positions"], args.bin_tokens),
-        "after_on_before_samples": bins_table(
-            "after_on_before_samples", paired_values, paired_positions, args.bin_tokens
-        ),
-    }
-    print_table(conditions)
+    if args.load_adapter:
+        exp.distill.load_state_dict(torch.load(args.load_adapter, weights_only=False))
+    # --steps 0 with a loaded adapter: the online part only (the offline tables would compare
+    # the loaded adapter with itself).
+    offline = offline_part(exp, args, start) if args.steps else {}
     online = {}
     if args.online_steps:
         pool = exp.heldout_pool[: args.online_steps * args.online_prompts]
@@ -314,8 +303,42 @@ def main() -> None:
                 f"online {arm} DistillSparse: mean KV-read ratio {mean:.3f} (second half "
                 f"{late_mean:.3f}), final budgets {steps[-1]['budgets_pages']}"
             )
-    result = {
-        "args": vars(args),
+    result = {"args": vars(args), **offline, "online": online}
+    result["seconds"] = time.perf_counter() - start
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out} ({result['seconds']:.0f} s)")
+
+
+def offline_part(exp: Experiment, args: argparse.Namespace, start: float) -> dict:
+    """Held-out acceptance before, `args.steps` adapter steps, held-out acceptance after (fresh
+    samples, and the before-samples replayed: paired)."""
+    before = exp.evaluate()
+    print(f"before: {len(before['values'])} held-out tokens ({time.perf_counter() - start:.0f} s)")
+    history = []
+    for step in range(1, args.steps + 1):
+        metrics = exp.train_step()
+        history.append(metrics)
+        print(
+            f"step {step}/{args.steps}: k3 {metrics['distill/k3']:.4f} "
+            f"logp_gap {metrics['distill/logp_gap']:+.4f} reward {metrics['reward']:.2f} "
+            f"grad_norm {metrics['distill/grad_norm']:.3f} ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+    if args.save_adapter:
+        torch.save(exp.distill.state_dict(), args.save_adapter)
+    after = exp.evaluate()
+    paired_values, paired_positions = exp.acceptance(before["prompts"], before["completions"])
+    conditions = {
+        "before": bins_table("before", before["values"], before["positions"], args.bin_tokens),
+        "after": bins_table("after", after["values"], after["positions"], args.bin_tokens),
+        "after_on_before_samples": bins_table(
+            "after_on_before_samples", paired_values, paired_positions, args.bin_tokens
+        ),
+    }
+    print_table(conditions)
+    return {
         "bins": {k: list(v.values()) for k, v in conditions.items()},
         "overall_mean": {
             "before": float(before["values"].mean()),
@@ -323,13 +346,7 @@ def main() -> None:
             "after_on_before_samples": float(paired_values.mean()),
         },
         "train": history,
-        "online": online,
-        "seconds": time.perf_counter() - start,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out} ({result['seconds']:.0f} s)")
 
 
 def print_table(conditions: dict[str, dict[int, dict]]) -> None:
