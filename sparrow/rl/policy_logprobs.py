@@ -91,7 +91,7 @@ class PolicyWithLogprobs(nn.Module):
         prompt_scores = self._score(
             shared.prompt_hidden[:, :-1], prompt_ids[:, 1:], topk, temperature
         )  # (g, P - 1, ...)
-        max_completion = int((attention_mask.sum(1) - prompt_lens).max())
+        max_completion = int(shared.completion_lens.max())
         offsets = torch.arange(max_completion, device=device)  # (C,)
         completion_ids = input_ids.gather(
             1, (prompt_lens[:, None] + offsets).clamp(max=seq_len - 1)
