@@ -112,7 +112,6 @@ class ModelRunner:
         positions = seq_lens - 1  # (B,) the fed token's position
         last_page = page_table.gather(1, (positions // ps)[:, None])[:, 0].long()  # (B,)
         offset = positions % ps  # (B,)
-        pages = [p for s in seqs for p in s.page_table]  # every row's pages, shared ones repeated
         meta = DecodeMetadata(
             slot_mapping=self._to(last_page * ps + offset),
             page_table=self._to(page_table),
@@ -120,7 +119,7 @@ class ModelRunner:
             last_page_ids=self._to(last_page),
             last_page_fill=self._to(offset + 1),
             budgets=None if budgets is None else self._to(torch.tensor(budgets, dtype=torch.int32)),
-            shared_pages=2 * len(set(pages)) <= len(pages),
+            shared_pages=self.kv.reads_shared_pages and _rows_share_pages(seqs),
         )
         input_ids = torch.tensor([s.last_token_id for s in seqs], dtype=torch.int64)
         gate = self._lora_gate(seqs, budgets)
@@ -144,3 +143,10 @@ class ModelRunner:
 
     def _to(self, t: Tensor) -> Tensor:
         return t.to(self.device, non_blocking=True)
+
+
+def _rows_share_pages(seqs: list[Sequence]) -> bool:
+    """Whether the rows reference each of their physical pages twice or more on average (samples
+    of one prompt); from host lists, no device sync."""
+    pages = [p for s in seqs for p in s.page_table]  # shared pages repeated
+    return 2 * len(set(pages)) <= len(pages)

@@ -71,7 +71,7 @@ class DecodeMetadata:
     last_page_fill: Tensor  # (B,) int64, valid tokens in that page after the write
     budgets: Tensor | None  # (B,) int32 pages per sparse layer; None: every layer dense
     # Whether the rows reference each of their physical pages twice or more on average, as samples
-    # of one prompt do (set by the runner from host lists; see decode_attention).
+    # of one prompt do (set by the runner from host lists when `reads_shared_pages`).
     shared_pages: bool = False
     dense_plan: GatherPlan | None = None  # torch backend: built by the step's first dense layer
     selection: SelectionPlan | None = None  # built by the step's first sparse layer
@@ -123,6 +123,12 @@ class PagedKVCache:
                 self._summary.k_mean[rows], self._summary.k_min[rows], self._summary.k_max[rows]
             )
 
+    @property
+    def reads_shared_pages(self) -> bool:
+        """Whether decode reads `DecodeMetadata.shared_pages` (the fused CPU kernel): the runner
+        computes it only then."""
+        return self._fused_sparse
+
     def begin_decode(self, seq_ids: list[int], seq_lens: list[int]) -> None:
         """Before each decode step: the rows' sequence ids and cached tokens (input included)."""
         if self.dense_copy is not None:
@@ -157,15 +163,21 @@ class PagedKVCache:
         k_cache, v_cache = self.k[layer], self.v[layer]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         summary = self.summaries[layer]
-        selected = None
-        if summary is not None and meta.budgets is not None and self._fused_sparse:
+        sparse = summary is not None and meta.budgets is not None
+        if self._fused_sparse and (sparse or meta.shared_pages):
+            # Sparse layers: selection and attention in one call. Dense layers of rows sampled
+            # from one prompt: the kernel over every page reads each shared page from the cache
+            # once for all rows, where per-row contiguous copies hold and read one copy per row
+            # (8 x 4K shared: 2.8 vs 4.3 ms per layer; without sharing the copies win, 4.0 vs 4.7).
             # The backend was resolved and the layout fixed at construction: no per-layer checks.
             return sparse_decode_cpu(
-                q, k_cache, v_cache, summary, meta.page_table, meta.seq_lens, meta.budgets,
+                q, k_cache, v_cache, summary if sparse else None, meta.page_table, meta.seq_lens,
+                meta.budgets if sparse else None,
                 score=self.cfg.score, num_sink=self.cfg.num_sink, num_recent=self.cfg.num_recent,
                 scale=q.shape[-1] ** -0.5,
             )  # fmt: skip
-        if summary is not None and meta.budgets is not None:
+        selected = None
+        if sparse:
             if meta.selection is None:  # the same for every sparse layer of the step
                 meta.selection = selection_plan(
                     meta.page_table, meta.seq_lens, meta.budgets, **self._rule, trim=True
@@ -182,15 +194,6 @@ class PagedKVCache:
                 validate=False,
                 plan=meta.selection,
             )
-        if selected is None and self._fused_sparse and meta.shared_pages:
-            # Rows sampled from one prompt: the kernel reads each shared page from the cache once
-            # for all of them, where per-row contiguous copies hold and read one copy per row
-            # (8 x 4K shared: 2.8 vs 4.3 ms per layer; without sharing the copies win, 4.0 vs 4.7).
-            return sparse_decode_cpu(
-                q, k_cache, v_cache, None, meta.page_table, meta.seq_lens, None,
-                score=self.cfg.score, num_sink=self.cfg.num_sink, num_recent=self.cfg.num_recent,
-                scale=q.shape[-1] ** -0.5,
-            )  # fmt: skip
         plan = None
         if selected is None and not uses_triton(self.cfg.backend, q):
 
