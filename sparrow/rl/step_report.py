@@ -1,8 +1,10 @@
-"""What one step reports: rollout metrics from the batch, and the one console line per step."""
+"""What one step reports: rollout metrics from the batch, and the console lines per step and per
+evaluation."""
 
 import math
 
 from sparrow.batch import RolloutBatch
+from sparrow.config import SparrowConfig
 from sparrow.rl.rewards import BatchScores
 
 
@@ -38,4 +40,35 @@ def format_step_line(step: int, total: int, m: dict) -> str:
         f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
         f"logp {g('time/logprobs_s', '{:.1f}')}s monitor {g('time/monitor_s', '{:.1f}')}s "
         f"update {g('time/update_s', '{:.1f}')}s"
+    )
+
+
+def format_eval_line(step: int, result: dict) -> str:
+    """Accuracy with its 95% CI, mean length, and the paired change since the first evaluation."""
+    line = (
+        f"eval step {step}: accuracy {result['eval/accuracy']:.3f} "
+        f"(95% CI {result['eval/accuracy_lo95']:.3f}-{result['eval/accuracy_hi95']:.3f}, "
+        f"n={int(result['eval/n'])}), mean length {result['eval/len_mean']:.1f}"
+    )
+    if "eval/delta" in result:
+        line += (
+            f"; vs first eval {result['eval/delta']:+.3f} "
+            f"(95% CI {result['eval/delta_lo95']:+.3f} to {result['eval/delta_hi95']:+.3f})"
+        )
+    return line
+
+
+def format_plan(cfg: SparrowConfig, data_summary: str, world: int) -> str:
+    """The run's plan, printed once before the first step."""
+    schedule = cfg.schedule
+    sched = (
+        "dense"
+        if schedule.mode == "dense"
+        else f"{schedule.mode} (tau {cfg.controller.tau}, bins of {schedule.bin_tokens})"
+    )
+    return (
+        f"sparrow-train: {cfg.model.name} | {data_summary}\n"
+        f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
+        f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {world}, "
+        f"ZeRO-{cfg.deepspeed.zero_stage}; schedule {sched}; run dir {cfg.run_dir}"
     )

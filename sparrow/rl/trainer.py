@@ -40,7 +40,12 @@ from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rl.metrics_logger import MetricsLogger
 from sparrow.rl.rewards import build_reward, score_batch
 from sparrow.rl.step_monitor import StepMonitor, global_sum
-from sparrow.rl.step_report import format_step_line, rollout_metrics
+from sparrow.rl.step_report import (
+    format_eval_line,
+    format_plan,
+    format_step_line,
+    rollout_metrics,
+)
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -204,48 +209,16 @@ class GRPOTrainer:
         accept_metrics |= self._control(batch, stats)
 
         num_tokens = self._global_sum(batch.completion_mask.sum())
-        train_batch = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "completion_mask": batch.completion_mask,
-            "old_logprobs": dense.token_logprobs,
-            "rollout_logprobs": batch.sampled_logprobs,
-            "advantages": broadcast_to_tokens(advantages, batch.completion_mask),
-            "prompt_lens": batch.prompt_lens,  # the group structure, for the shared prompt pass
-            "group_ids": batch.group_ids,
-        }
-
-        extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
-
-        def loss_fn(logprobs, mb):
-            loss, metrics = self.loss_fn(
-                logprobs,
-                mb["old_logprobs"],
-                mb["rollout_logprobs"],
-                mb["advantages"],
-                mb["completion_mask"],
-                num_tokens,
-            )
-            for key in [k for k in metrics if METRIC_REDUCTIONS.get(k) in ("min", "max")]:
-                extremes.setdefault(key, []).append(float(metrics.pop(key)))
-            return loss, metrics
-
+        token_advantages = broadcast_to_tokens(advantages, batch.completion_mask)  # (B, T)
         t_monitor = time.perf_counter()
-        shared = batch.group_ids if cfg.deepspeed.share_prompts else None  # keep groups whole
-        update = self.actor.train_step(
-            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size, shared),
-            loss_fn,
-            temperature,
-        )
-        update |= {k: self._global_extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
-        self._check_nonfinite(update)
+        update = self._policy_update(batch, dense, token_advantages, num_tokens)
         t_update = time.perf_counter()
         if self.distill is not None:  # step 5: the adapter, on the frozen updated theta
             self.distill.load_base(self.actor.gathered_state_dict())
             update |= self.distill.step(
                 batch,
                 dense.token_logprobs,
-                train_batch["advantages"],
+                token_advantages,
                 temperature,
                 num_tokens,
                 dense_topk=(dense.topk_ids, dense.topk_logprobs),
@@ -277,6 +250,45 @@ class GRPOTrainer:
         return metrics
 
     # ---- pieces -----------------------------------------------------------------------------
+
+    def _policy_update(self, batch: RolloutBatch, dense, token_advantages, num_tokens) -> dict:
+        """One GRPO/TIS update of theta on the batch (ratios against the dense log-probs `dense`
+        taken before the update), with its metrics reduced over ranks."""
+        cfg = self.cfg
+        train_batch = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "completion_mask": batch.completion_mask,
+            "old_logprobs": dense.token_logprobs,
+            "rollout_logprobs": batch.sampled_logprobs,
+            "advantages": token_advantages,
+            "prompt_lens": batch.prompt_lens,  # the group structure, for the shared prompt pass
+            "group_ids": batch.group_ids,
+        }
+        extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
+
+        def loss_fn(logprobs, mb):
+            loss, metrics = self.loss_fn(
+                logprobs,
+                mb["old_logprobs"],
+                mb["rollout_logprobs"],
+                mb["advantages"],
+                mb["completion_mask"],
+                num_tokens,
+            )
+            for key in [k for k in metrics if METRIC_REDUCTIONS.get(k) in ("min", "max")]:
+                extremes.setdefault(key, []).append(float(metrics.pop(key)))
+            return loss, metrics
+
+        shared = batch.group_ids if cfg.deepspeed.share_prompts else None  # keep groups whole
+        update = self.actor.train_step(
+            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size, shared),
+            loss_fn,
+            cfg.rollout.temperature,
+        )
+        update |= {k: self._global_extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
+        self._check_nonfinite(update)
+        return update
 
     def _control(self, batch: RolloutBatch, stats) -> dict:
         """The controller's move from this step's per-bin stats, and the cost model's predicted
@@ -330,18 +342,7 @@ class GRPOTrainer:
         self._push_schedule()
         result |= self._paired_delta(correct)
         if self.rank == 0:
-            print(
-                f"eval step {self.step}: accuracy {result['eval/accuracy']:.3f} "
-                f"(95% CI {result['eval/accuracy_lo95']:.3f}-{result['eval/accuracy_hi95']:.3f}, "
-                f"n={int(result['eval/n'])}), mean length {result['eval/len_mean']:.1f}"
-                + (
-                    f"; vs first eval {result['eval/delta']:+.3f} "
-                    f"(95% CI {result['eval/delta_lo95']:+.3f} to {result['eval/delta_hi95']:+.3f})"
-                    if "eval/delta" in result
-                    else ""
-                ),
-                flush=True,
-            )
+            print(format_eval_line(self.step, result), flush=True)
         return result
 
     def _paired_delta(self, correct: list[float]) -> dict:
@@ -423,17 +424,4 @@ class GRPOTrainer:
         return float(t)
 
     def plan(self) -> str:
-        cfg = self.cfg
-        sched = (
-            "dense"
-            if cfg.schedule.mode == "dense"
-            else (
-                f"{cfg.schedule.mode} (tau {cfg.controller.tau}, bins of {cfg.schedule.bin_tokens})"
-            )
-        )
-        return (
-            f"sparrow-train: {cfg.model.name} | {self.train_data.summary()}\n"
-            f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
-            f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {self.world}, "
-            f"ZeRO-{cfg.deepspeed.zero_stage}; schedule {sched}; run dir {self.run_dir}"
-        )
+        return format_plan(self.cfg, self.train_data.summary(), self.world)
