@@ -51,9 +51,14 @@ from sparrow.schedule import BudgetSchedule
 SCORE_CHUNK = 16  # sequences per engine.score call: bounds the (T, V) logits held at once
 
 
-def parse_args() -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget-pages", type=int, default=4, help="fixed sparse budget (pages)")
+    p.add_argument(
+        "--budget-pages",
+        default="4",
+        help="the offline part's sparse budget in pages: one value for every position, or a "
+        "comma list, one value per --bin-tokens bin (the last one repeats)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--steps", type=int, default=20, help="distillation steps")
     p.add_argument("--prompts-per-step", type=int, default=4)
@@ -76,6 +81,10 @@ def parse_args() -> argparse.Namespace:
         "--min-tokens", type=int, default=30, help="controller: fewer tokens in a bin, no action"
     )
     p.add_argument("--grid", default="3,4,5,6,8,10", help="online grid (pages, >= sink + recent)")
+    p.add_argument(
+        "--online-start",
+        help="the online controller's first schedule, pages per bin (default: the grid's smallest)",
+    )
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
     p.add_argument("--seed", type=int, default=0)
@@ -92,7 +101,11 @@ def parse_args() -> argparse.Namespace:
         "--load-adapter", help="start from this saved adapter (with --steps 0: online part only)"
     )
     p.add_argument("--out", default="runs/distill_experiment.json")
-    return p.parse_args()
+    return p
+
+
+def parse_args() -> argparse.Namespace:
+    return build_parser().parse_args()
 
 
 class Experiment:
@@ -106,7 +119,9 @@ class Experiment:
             num_pages=4096, score=args.score, linear_backend="onednn", seed=args.seed
         )
         self.engine = LLMEngine(self.model, self.tokenizer, cfg)
-        self.sparse_schedule = lambda context_tokens: args.budget_pages
+        grid = pages_list(args.grid)
+        fixed = BudgetSchedule(args.bin_tokens, pages_list(args.budget_pages), grid, page_size=16)
+        self.sparse_schedule = fixed.budget_pages
         self.use_adapter = True  # False: the sparse policy is theta alone (phi = 0)
         distill_cfg = DistillConfig(
             enabled=True,
@@ -235,8 +250,9 @@ class Experiment:
         """The online controller on frozen theta, from the grid's smallest budget; the adapter
         (if used) keeps distilling on the controller's rollouts. One record per step."""
         args = self.args
-        grid = tuple(int(x) for x in args.grid.split(","))
-        schedule = BudgetSchedule(args.bin_tokens, (grid[0],), grid, page_size=16)
+        grid = pages_list(args.grid)
+        start = pages_list(args.online_start) if args.online_start else (grid[0],)
+        schedule = BudgetSchedule(args.bin_tokens, start, grid, page_size=16)
         controller = OnlineController(
             schedule, ControllerConfig(tau=args.tau, min_tokens=args.min_tokens)
         )
@@ -273,6 +289,11 @@ class Experiment:
                 flush=True,
             )
         return history
+
+
+def pages_list(text: str) -> tuple[int, ...]:
+    """ "3,4,5" -> (3, 4, 5)."""
+    return tuple(int(x) for x in text.split(","))
 
 
 def bins_table(name: str, values: torch.Tensor, positions: torch.Tensor, bin_tokens: int):
