@@ -1,18 +1,19 @@
 """DistillSparse at a fixed aggressive budget: the sparse policy's tail before vs after training.
 
 SmolLM2-135M-Instruct on the embedded arithmetic task (~45-token chat prompts), sampled at T = 1
-with up to 96 new tokens under a fixed budget of a few 16-token pages in every layer but 0 and 1,
-so that tokens past the budget are decoded sparsely. The dense weights theta stay fixed (no
+with up to 96 new tokens under a fixed budget of a few 16-token pages in every layer but 0 and 1
+(one value, or one per position bin: `--budget-pages 3,4,5,6,6`), so that tokens past the budget
+are decoded sparsely. The dense weights theta stay fixed (no
 GRPO update of theta here): only the adapter phi is trained, on rollouts of the sparse policy
 theta + phi over training prompts. Held-out prompts measure, per 32-token position bin, the exact
 full-vocabulary acceptance sum_v min(p_dense, q_sparse) of the sampled tokens: dense engine vs the
 sparse engine's teacher-forced replay (`LLMEngine.score`), before and after N steps (fresh samples
 of the current sparse policy each time, as the monitor sees them; and the after-policy on the
 before-samples, a paired comparison). Then the online part: the online controller (tau, from the
-smallest budget of a grid) on a frozen theta, once with the base sparse policy (phi = 0) and once
-with the trained adapter, which keeps distilling on the controller's rollouts; the same held-out
-prompts for both arms. Reported: the KV-read ratio per step and its mean, the schedule and p5 per
-bin. Prints tables and writes JSON.
+grid's smallest budget or `--online-start`) on a frozen theta, once with the base sparse policy
+(phi = 0) and once with the trained adapter, which keeps distilling on the controller's rollouts;
+the same held-out prompts for both arms (`--online-arms` runs one of them). Reported: the KV-read
+ratio per step and its mean, the schedule and p5 per bin. Prints tables and writes JSON.
 
 `--gate` (default): phi acts only at tokens decoded sparsely (budget < pages), in training and in
 the engine (theta in its weights, phi as an unmerged LoRA: `LLMEngine.set_lora`), so densely
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=float, default=0.86)
     p.add_argument(
         "--min-tokens", type=int, default=30, help="controller: fewer tokens in a bin, no action"
+    )
+    p.add_argument(
+        "--online-arms",
+        default="without,with",
+        help="which online arms to run: without and/or with DistillSparse (each is deterministic "
+        "for a seed, so arms of separate runs with the same flags compare)",
     )
     p.add_argument("--grid", default="3,4,5,6,8,10", help="online grid (pages, >= sink + recent)")
     p.add_argument(
@@ -247,8 +254,9 @@ class Experiment:
         return out, (topk_ids, topk_lp)
 
     def online(self, with_adapter: bool, prompts: list) -> list[dict]:
-        """The online controller on frozen theta, from the grid's smallest budget; the adapter
-        (if used) keeps distilling on the controller's rollouts. One record per step."""
+        """The online controller on frozen theta, from --online-start (default: the grid's
+        smallest budget); the adapter (if used) keeps distilling on the controller's rollouts.
+        One record per step."""
         args = self.args
         grid = pages_list(args.grid)
         start = pages_list(args.online_start) if args.online_start else (grid[0],)
@@ -315,7 +323,15 @@ def main() -> None:
     online = {}
     if args.online_steps:
         pool = exp.heldout_pool[: args.online_steps * args.online_prompts]
-        online = {"without": exp.online(False, pool), "with": exp.online(True, pool)}
+        if len(pool) < args.online_steps * args.online_prompts:
+            raise SystemExit(
+                f"--online-steps x --online-prompts needs {args.online_steps * args.online_prompts}"
+                f" held-out prompts; {len(exp.heldout_pool)} are left after --eval-prompts"
+            )
+        arms = args.online_arms.split(",")
+        if not arms or set(arms) - {"without", "with"}:
+            raise SystemExit(f"--online-arms: without and/or with, got {args.online_arms!r}")
+        online = {arm: exp.online(arm == "with", pool) for arm in arms}
         for arm, steps in online.items():
             mean = sum(r["kv_read_ratio"] for r in steps) / len(steps)
             late = steps[len(steps) // 2 :]
