@@ -126,8 +126,10 @@ class Experiment:
             num_pages=4096, score=args.score, linear_backend="onednn", seed=args.seed
         )
         self.engine = LLMEngine(self.model, self.tokenizer, cfg)
-        grid = pages_list(args.grid)
-        fixed = BudgetSchedule(args.bin_tokens, pages_list(args.budget_pages), grid, page_size=16)
+        self.grid = pages_list(args.grid)
+        fixed = BudgetSchedule(
+            args.bin_tokens, pages_list(args.budget_pages), self.grid, page_size=16
+        )
         self.sparse_schedule = fixed.budget_pages
         self.use_adapter = True  # False: the sparse policy is theta alone (phi = 0)
         distill_cfg = DistillConfig(
@@ -258,9 +260,8 @@ class Experiment:
         smallest budget); the adapter (if used) keeps distilling on the controller's rollouts.
         One record per step."""
         args = self.args
-        grid = pages_list(args.grid)
-        start = pages_list(args.online_start) if args.online_start else (grid[0],)
-        schedule = BudgetSchedule(args.bin_tokens, start, grid, page_size=16)
+        start = pages_list(args.online_start) if args.online_start else self.grid[:1]
+        schedule = BudgetSchedule(args.bin_tokens, start, self.grid, page_size=16)
         controller = OnlineController(
             schedule, ControllerConfig(tau=args.tau, min_tokens=args.min_tokens)
         )
