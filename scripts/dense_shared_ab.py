@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from sparrow.models import ModelConfig, load_model
+from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout import paged_attention
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 

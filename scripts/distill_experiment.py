@@ -38,16 +38,16 @@ from pathlib import Path
 
 import torch
 
-from sparrow.acceptance import bin_acceptance, exact_acceptance
 from sparrow.batch import collate_rollouts
-from sparrow.controller import ControllerConfig, OnlineController
+from sparrow.control.acceptance import bin_acceptance, exact_acceptance
+from sparrow.control.controller import ControllerConfig, OnlineController
+from sparrow.control.schedule import BudgetSchedule
 from sparrow.distill import DistillConfig, DistillSparse
-from sparrow.models import ModelConfig, load_model
+from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rl.advantages import AdvantageConfig, broadcast_to_tokens, make_advantage_fn
-from sparrow.rl.data import DataConfig, PromptIterator, load_prompts
-from sparrow.rl.rewards import RewardConfig, build_reward, score_batch
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
-from sparrow.schedule import BudgetSchedule
+from sparrow.tasks.data import DataConfig, PromptIterator, load_prompts
+from sparrow.tasks.rewards import RewardConfig, build_reward, score_batch
 
 SCORE_CHUNK = 16  # sequences per engine.score call: bounds the (T, V) logits held at once
 

@@ -42,7 +42,7 @@ from sparrow.bench.stability_table import (  # noqa: F401 (the table's API, used
     write_report,
 )
 from sparrow.cli.config_loader import ConfigError, compose_dict
-from sparrow.rl.checkpoint import verify
+from sparrow.train.checkpoint import verify
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,12 +8,12 @@ the prompt-length distribution of a task: the figures behind the default task's 
 import argparse
 import statistics
 
-from sparrow.models import ModelConfig, load_model
-from sparrow.rl.data import DataConfig, load_prompts
-from sparrow.rl.evaluation import evaluate
-from sparrow.rl.rewards import RewardConfig, build_reward
-from sparrow.rl.tasks import TaskConfig
+from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
+from sparrow.tasks.data import DataConfig, load_prompts
+from sparrow.tasks.generators import TaskConfig
+from sparrow.tasks.rewards import RewardConfig, build_reward
+from sparrow.train.evaluation import evaluate
 
 
 def main() -> None:

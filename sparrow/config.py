@@ -7,18 +7,18 @@ logger) and adds the run-level fields. Library code receives these dataclasses, 
 
 from dataclasses import dataclass, field
 
-from sparrow.acceptance import MonitorConfig
-from sparrow.controller import ControllerConfig
+from sparrow.control.acceptance import MonitorConfig
+from sparrow.control.controller import ControllerConfig
+from sparrow.control.schedule import ScheduleConfig
 from sparrow.distill.distill_sparse import DistillConfig
-from sparrow.models import ModelConfig
+from sparrow.models.loading import ModelConfig
 from sparrow.rl.actor import ActorConfig
 from sparrow.rl.advantages import AdvantageConfig
-from sparrow.rl.data import DataConfig
 from sparrow.rl.losses import LossConfig
-from sparrow.rl.metrics_logger import LoggerConfig
-from sparrow.rl.rewards import RewardConfig
 from sparrow.rollout.engine import EngineConfig
-from sparrow.schedule import ScheduleConfig
+from sparrow.tasks.data import DataConfig
+from sparrow.tasks.rewards import RewardConfig
+from sparrow.train.metrics_logger import LoggerConfig
 
 
 @dataclass

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sparrow.acceptance import (
+from sparrow.control.acceptance import (
     AcceptanceMonitor,
     bin_acceptance,
     exact_acceptance,

@@ -5,8 +5,8 @@ from itertools import pairwise
 
 import pytest
 
-from sparrow.acceptance import BinStats
-from sparrow.controller import (
+from sparrow.control.acceptance import BinStats
+from sparrow.control.controller import (
     ControllerConfig,
     FixedController,
     OnlineController,
@@ -14,7 +14,7 @@ from sparrow.controller import (
     step_down,
     step_up,
 )
-from sparrow.schedule import BudgetSchedule, ScheduleConfig
+from sparrow.control.schedule import BudgetSchedule, ScheduleConfig
 
 GRID = (4, 8, 16, 32, 64, 128)
 W = 100  # bin width in tokens

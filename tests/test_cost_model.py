@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparrow.cost_model import CostConfig, ModelShape, decode_cost, predicted_speedup
-from sparrow.schedule import BudgetSchedule
+from sparrow.control.cost_model import CostConfig, ModelShape, decode_cost, predicted_speedup
+from sparrow.control.schedule import BudgetSchedule
 
 TINY = ModelShape(
     num_layers=2,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sparrow.models import ModelConfig, load_model, smollm2_gguf_path
+from sparrow.models.loading import ModelConfig, load_model, smollm2_gguf_path
 
 
 @pytest.mark.parametrize("name, arch", [("tiny-qwen3", "Qwen3"), ("tiny-llama", "Llama")])

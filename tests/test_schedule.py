@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sparrow.schedule import (
+from sparrow.control.schedule import (
     BudgetSchedule,
     ScheduleConfig,
     build_schedule,

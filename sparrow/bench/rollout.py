@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from sparrow import malloc
-from sparrow.acceptance import exact_acceptance
-from sparrow.models import ModelConfig, load_model
+from sparrow.control.acceptance import exact_acceptance
+from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
 QUICK = {

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_step(cfg, args, label: str) -> dict:
     """Build the trainer, run the optional warm-up step and one measured step; its summary."""
-    from sparrow.rl.trainer import GRPOTrainer
+    from sparrow.train.trainer import GRPOTrainer
 
     print(f"\n== {label}: building the trainer ({cfg.model.name}, schedule {cfg.schedule.mode})")
     start = time.perf_counter()
@@ -205,8 +205,8 @@ def print_table(report: dict) -> None:
 
 
 def _random_model_dir(name: str) -> Path:
-    from sparrow.models import cache_root
-    from sparrow.random_model import save_random_model
+    from sparrow.models.loading import cache_root
+    from sparrow.models.random_init import save_random_model
 
     dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     directory = cache_root() / "models" / f"random-{name}-{dtype}"

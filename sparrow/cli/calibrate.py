@@ -65,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(cfg, args, budgets: list[int]) -> int:
-    from sparrow.calibration import run_online
-    from sparrow.controller import make_controller
-    from sparrow.models import load_model
-    from sparrow.rl.data import load_prompts
+    from sparrow.control.calibration import run_online
+    from sparrow.control.controller import make_controller
+    from sparrow.models.loading import load_model
     from sparrow.rollout.engine import LLMEngine, SamplingParams
+    from sparrow.tasks.data import load_prompts
 
     loaded = load_model(cfg.model)
     engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
@@ -122,8 +122,8 @@ def run(cfg, args, budgets: list[int]) -> int:
 
 def run_offline(engine, prompts, budgets, params, cfg, args, out: Path, data) -> list[int] | None:
     """The budget sweep and its cheapest schedule (None with --prompts 0)."""
-    from sparrow.calibration import cheapest_schedule, sweep_budgets
-    from sparrow.schedule import save_schedule_config
+    from sparrow.control.calibration import cheapest_schedule, sweep_budgets
+    from sparrow.control.schedule import save_schedule_config
 
     if not prompts:
         return None

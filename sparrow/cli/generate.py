@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
+from sparrow.control.schedule import build_schedule, load_schedule_config
 from sparrow.malloc import tune_cpu_allocator
-from sparrow.models import ModelConfig, load_model
-from sparrow.rl.data import DataConfig, DataError, load_prompts
-from sparrow.rl.tasks import TaskConfig
+from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
-from sparrow.schedule import build_schedule, load_schedule_config
+from sparrow.tasks.data import DataConfig, DataError, load_prompts
+from sparrow.tasks.generators import TaskConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.rl.metrics_logger import read_metrics
+from sparrow.train.metrics_logger import read_metrics
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from sparrow.malloc import tune_cpu_allocator
-    from sparrow.rl.data import DataError
-    from sparrow.rl.trainer import GRPOTrainer, NonFiniteStreak
+    from sparrow.tasks.data import DataError
+    from sparrow.train.trainer import GRPOTrainer, NonFiniteStreak
 
     tune_cpu_allocator()
 

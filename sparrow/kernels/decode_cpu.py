@@ -150,7 +150,7 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_isa()):
         key.update(part)
-    # sparrow.models.cache_root's rule; kernels/ imports nothing from the rest of sparrow.
+    # sparrow.models.loading.cache_root's rule; kernels/ imports nothing from the rest of sparrow.
     root = os.environ.get("SPARROW_CACHE") or Path.home() / ".cache" / "sparrow"
     target = Path(root) / "kernels" / f"decode_cpu-{key.hexdigest()[:16]}.so"
     if target.exists():

@@ -17,6 +17,7 @@ losses and the monitor read the same tensors in both layouts. Prompt positions a
 per group and copied to its rows.
 """
 
+import inspect
 from typing import NamedTuple
 
 import torch
@@ -183,12 +184,21 @@ def group_shared_hidden(
 
     key_mask = torch.arange(max_prompt, device=device) < prompt_lens[:, None]  # (b, P)
     cache = DynamicCache(config=decoder.config)
+    cache_kw = cache_keyword(decoder)
     prompt_hidden = decoder(
         input_ids=input_ids[first_row, :max_prompt],
         attention_mask=key_mask[first_row].long(),
-        cache=cache,
         use_cache=True,
+        **{cache_kw: cache},
     ).last_hidden_state  # (g, P, H)
+    # A decoder that ignored the cache (an unknown keyword swallowed by **kwargs) would let the
+    # completions attend to nothing of their prompt: wrong log-probs, silently.
+    if cache.get_seq_length() != max_prompt:
+        raise RuntimeError(
+            f"{type(decoder).__name__} did not fill the KV cache passed as `{cache_kw}` "
+            f"(holds {cache.get_seq_length()} of {max_prompt} prompt tokens): this transformers "
+            "version's cache argument is not supported; set deepspeed.share_prompts=false"
+        )
     # The last prompt position predicts every row's first completion token.
     last_prompt = prompt_hidden[row_group, prompt_lens - 1]  # (b, H)
 
@@ -201,11 +211,25 @@ def group_shared_hidden(
         input_ids=torch.where(fed_mask, fed_ids, 0),
         attention_mask=torch.cat([key_mask, fed_mask], 1).long(),
         position_ids=positions,
-        cache=cache,
         use_cache=True,
+        **{cache_kw: cache},
     ).last_hidden_state  # (b, F, H)
     hidden = torch.cat([last_prompt[:, None], completion], 1)  # (b, 1 + F, H)
     return GroupShared(prompt_hidden, hidden, first_row, row_group, completion_lens)
+
+
+def cache_keyword(decoder: nn.Module) -> str:
+    """The keyword under which `decoder.forward` takes a KV cache: `past_key_values` up to
+    transformers 5.x, `cache` in later releases. Both are swallowed silently by the other
+    version's **kwargs, so the name is read off the signature rather than assumed."""
+    params = inspect.signature(decoder.forward).parameters
+    for name in ("past_key_values", "cache"):
+        if name in params:
+            return name
+    raise TypeError(
+        f"{type(decoder).__name__}.forward takes neither `past_key_values` nor `cache`; "
+        "set deepspeed.share_prompts=false"
+    )
 
 
 def check_shared_prompts(

@@ -8,8 +8,8 @@ import torch
 
 from sparrow.bench import cli
 from sparrow.bench.step import _set
-from sparrow.models import ModelConfig, load_model
-from sparrow.random_model import build_random_model, random_model_config, save_random_model
+from sparrow.models.loading import ModelConfig, load_model
+from sparrow.models.random_init import build_random_model, random_model_config, save_random_model
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 from sparse_rollouts import SparseRollout, make_rollout
 
-from sparrow.models import tiny_tokenizer
+from sparrow.models.loading import tiny_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from sparrow.batch import RolloutBatch, collate_rollouts
-from sparrow.models import tiny_model_config
+from sparrow.models.loading import tiny_model_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
 BUDGET_PAGES = 4

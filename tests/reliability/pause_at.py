@@ -23,9 +23,9 @@ from pathlib import Path
 
 from sparrow.cli.train import main
 from sparrow.rl.actor import DenseActor
-from sparrow.rl.trainer import GRPOTrainer
 from sparrow.rollout.engine import LLMEngine
 from sparrow.rollout.model_runner import ModelRunner
+from sparrow.train.trainer import GRPOTrainer
 
 PHASES = ("rollout", "update", "checkpoint", "rename")
 

@@ -20,10 +20,10 @@ import pytest
 
 from sparrow.cli.config_loader import conf_dir, load_config
 from sparrow.cli.train import main
-from sparrow.models import ModelConfig, load_model
-from sparrow.rl.data import DataConfig, load_prompts
-from sparrow.rl.rewards import REWARDS, RewardResult, register_reward
-from sparrow.rl.trainer import GRPOTrainer
+from sparrow.models.loading import ModelConfig, load_model
+from sparrow.tasks.data import DataConfig, load_prompts
+from sparrow.tasks.rewards import REWARDS, RewardResult, register_reward
+from sparrow.train.trainer import GRPOTrainer
 
 TINY = ["preset=tiny", "rl.steps=1", "rl.eval.every=0"]
 

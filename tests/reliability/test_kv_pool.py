@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from sparrow.models import ModelConfig, load_model, tiny_model_config
+from sparrow.models.loading import ModelConfig, load_model, tiny_model_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
 PROMPT_LENS = [310, 400, 355]

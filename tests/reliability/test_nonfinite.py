@@ -15,8 +15,8 @@ import torch
 
 from sparrow.cli import train as train_cli
 from sparrow.cli.config_loader import load_config
-from sparrow.rl import trainer as trainer_module
-from sparrow.rl.trainer import GRPOTrainer, NonFiniteStreak
+from sparrow.train import trainer as trainer_module
+from sparrow.train.trainer import GRPOTrainer, NonFiniteStreak
 
 
 def _trainer(run_dir, steps: int, streak: int = 3) -> GRPOTrainer:
@@ -68,7 +68,7 @@ def _same(a: dict, b: dict) -> bool:
 def test_nonfinite_updates_are_skipped_logged_and_the_streak_resets(tmp_path, caplog):
     trainer = _trainer(tmp_path, steps=6, streak=3)
     synced = _poison(trainer, nan_loss_steps={2, 5}, inf_grad_steps={3, 6})
-    with caplog.at_level(logging.WARNING, logger="sparrow.rl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="sparrow.train.trainer"):
         trainer.fit()  # 2 faulty steps, a good one, 2 faulty: never 3 in a row
 
     rows = _rows(tmp_path)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm
 
 from sparrow.rl.actor import ActorConfig, DenseActor, split_micro_batches
-from sparrow.rl.checkpoint import CheckpointManager
+from sparrow.train.checkpoint import CheckpointManager
 
 
 def run_step(actor, step, global_batch, micro_batch_size):

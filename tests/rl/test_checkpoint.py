@@ -14,7 +14,7 @@ import torch
 from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm
 
 from sparrow.rl.actor import ActorConfig, DenseActor, split_micro_batches
-from sparrow.rl.checkpoint import MARKER, CheckpointManager
+from sparrow.train.checkpoint import MARKER, CheckpointManager
 
 STATE = {"data_position": 17, "controller": {"budgets": [4, 8]}, "metrics": {"reward": 0.5}}
 
@@ -77,7 +77,7 @@ def test_latest_complete_skips_damaged_checkpoint(tmp_path, caplog, damage, name
     manager.save(1, STATE, save_actor=fake_actor_save)
     newest = manager.save(2, STATE, save_actor=fake_actor_save)
     damage(newest)
-    with caplog.at_level(logging.WARNING, logger="sparrow.rl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="sparrow.train.checkpoint"):
         assert manager.latest_complete() == tmp_path / "step_000001"
     assert str(newest / named) in caplog.text
 
@@ -97,7 +97,7 @@ WRITER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from sparrow.rl.checkpoint import CheckpointManager
+    from sparrow.train.checkpoint import CheckpointManager
 
     root, where = Path(sys.argv[1]), sys.argv[2]
 

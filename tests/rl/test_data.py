@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from sparrow.rl.data import DataConfig, DataError, PromptIterator, load_prompts
-from sparrow.rl.tasks import TaskConfig
+from sparrow.tasks.data import DataConfig, DataError, PromptIterator, load_prompts
+from sparrow.tasks.generators import TaskConfig
 
 _TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"

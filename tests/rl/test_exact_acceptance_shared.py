@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from sparrow.acceptance import exact_acceptance
 from sparrow.batch import RolloutBatch
-from sparrow.models import tiny_model_config
-from sparrow.rl.exact_acceptance import exact_batch_acceptance, prompt_runs
+from sparrow.control.acceptance import exact_acceptance
+from sparrow.models.loading import tiny_model_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine
+from sparrow.train.exact_acceptance import exact_batch_acceptance, prompt_runs
 
 PAGE = 4
 

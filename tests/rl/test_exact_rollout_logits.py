@@ -11,10 +11,10 @@ import transformers
 
 from sparrow.batch import collate_rollouts
 from sparrow.cli.config_loader import load_config
-from sparrow.models import ModelConfig, load_model, tiny_model_config
-from sparrow.rl.exact_acceptance import exact_batch_acceptance
-from sparrow.rl.trainer import GRPOTrainer
+from sparrow.models.loading import ModelConfig, load_model, tiny_model_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
+from sparrow.train.exact_acceptance import exact_batch_acceptance
+from sparrow.train.trainer import GRPOTrainer
 
 TEMPERATURE = 0.7
 

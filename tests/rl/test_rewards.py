@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from sparrow.rl.math_verifier import MathVerifier, extract_answer, extract_boxed
-from sparrow.rl.rewards import (
+from sparrow.tasks.math_verifier import MathVerifier, extract_answer, extract_boxed
+from sparrow.tasks.rewards import (
     REWARDS,
     GuardedReward,
     RewardConfig,
@@ -20,7 +20,7 @@ from sparrow.rl.rewards import (
     register_reward,
     score_batch,
 )
-from sparrow.rl.sandbox import Sandbox, SandboxError, SandboxTimeout
+from sparrow.tasks.sandbox import Sandbox, SandboxError, SandboxTimeout
 
 # Verified by hand: math-verify parses this quickly, then verify() against 1/2 did not return
 # within 20 s (it evaluates the tower in C while holding the GIL), so only a kill can stop it.

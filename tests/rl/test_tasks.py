@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from sparrow.rl.tasks import TaskConfig, generate_tasks
+from sparrow.tasks.generators import TaskConfig, generate_tasks
 
 
 def _long(**overrides) -> TaskConfig:

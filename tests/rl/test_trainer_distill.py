@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sparrow.cli.config_loader import load_config
-from sparrow.rl.trainer import GRPOTrainer
+from sparrow.train.trainer import GRPOTrainer
 
 OVERRIDES = [
     "preset=tiny",

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparrow.cli.config_loader import load_config
-from sparrow.rl.trainer import GRPOTrainer
+from sparrow.train.trainer import GRPOTrainer
 
 # 4-token pages and a 3-page budget: the ~30-token prompts decode sparsely from the first step.
 OVERRIDES = [

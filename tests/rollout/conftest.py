@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from sparrow.models import LoadedModel, ModelConfig, load_model, tiny_model_config
+from sparrow.models.loading import LoadedModel, ModelConfig, load_model, tiny_model_config
 
 
 @pytest.fixture(scope="session")

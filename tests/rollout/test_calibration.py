@@ -1,5 +1,5 @@
-"""Schedule calibration (sparrow/calibration.py, sparrow-calibrate): the choice rule on constructed
-data, the exact acceptance it measures on a tiny engine, and the CLI end to end."""
+"""Schedule calibration (control/calibration.py, sparrow-calibrate): the choice rule on
+constructed data, the exact acceptance it measures on a tiny engine, and the CLI end to end."""
 
 import json
 
@@ -7,16 +7,16 @@ import pytest
 import torch
 from conftest import random_prompts
 
-from sparrow.calibration import (
+from sparrow.cli import calibrate
+from sparrow.control.calibration import (
     AcceptanceSample,
     BudgetSweep,
     cheapest_schedule,
     constant_budget,
     measure_acceptance,
 )
-from sparrow.cli import calibrate
+from sparrow.control.schedule import load_schedule_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
-from sparrow.schedule import load_schedule_config
 
 
 def _sample(per_bin: dict[int, list[float]], bin_tokens: int = 10) -> AcceptanceSample:

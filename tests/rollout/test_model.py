@@ -5,7 +5,7 @@ import torch
 import transformers
 from conftest import random_model, random_prompts
 
-from sparrow.models import tiny_model_config
+from sparrow.models.loading import tiny_model_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine
 from sparrow.rollout.rope import rope_from_config
 

@@ -7,7 +7,7 @@ runs 128 decode steps of a 30-layer model (~10-20 s each on 2 idle CPU cores).
 import pytest
 import torch
 
-from sparrow.models import ModelConfig, load_model
+from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -1,13 +1,14 @@
 """Random-weight models with the shapes of real ones (Qwen3-1.7B/4B/8B), for GPU benchmarks
 without a hub download.
 
-    python -m sparrow.random_model qwen3-1.7b /tmp/qwen3-1.7b-random   # config, weights, tokenizer
+    python -m sparrow.models.random_init qwen3-1.7b /tmp/q17b   # config, weights, tokenizer
 
 The saved directory loads like any HF checkpoint (`model.name=<dir>`). Timing depends on shapes,
 not on values, so a random Qwen3-1.7B-shaped model costs what the real one costs per token; its
 outputs are noise, so benchmarks generate fixed lengths (ignore EOS). The vocabulary is the real
-one (151,936: the LM head is a large share of a small model's decode); the tokenizer is the tiny
-local BPE (sparrow.models), so prompts tokenize offline and sampled ids it lacks decode to nothing.
+one (151,936: the LM head is a large share of a small model's decode); the tokenizer is the
+tiny local BPE (sparrow.models.loading), so prompts tokenize offline and sampled ids it lacks
+decode to nothing.
 `qwen3-debug` is a tiny flavour of the same path for CPU tests.
 """
 
@@ -19,7 +20,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from sparrow.models import TINY_SPECIAL_TOKENS, LoadedModel, tiny_tokenizer
+from sparrow.models.loading import TINY_SPECIAL_TOKENS, LoadedModel, tiny_tokenizer
 
 # From the public Qwen3 configs (hidden, MLP width, layers, query heads, KV heads, tied embeddings).
 QWEN3_SHAPES = {
@@ -106,7 +107,7 @@ def save_random_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sparrow.random_model", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m sparrow.models.random_init", description=__doc__)
     p.add_argument("name", choices=sorted(QWEN3_SHAPES))
     p.add_argument("directory")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])

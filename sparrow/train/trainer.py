@@ -27,26 +27,26 @@ import torch.distributed as dist
 
 from sparrow.batch import RolloutBatch, collate_rollouts
 from sparrow.config import SparrowConfig
-from sparrow.controller import make_controller
-from sparrow.cost_model import CostConfig, ModelShape, predicted_speedup
+from sparrow.control.controller import make_controller
+from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
 from sparrow.distill.distill_sparse import DistillSparse
-from sparrow.models import load_model
+from sparrow.models.loading import load_model
 from sparrow.rl.actor import DenseActor, split_micro_batches
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
-from sparrow.rl.checkpoint import CheckpointManager
-from sparrow.rl.data import PromptIterator, load_prompts
-from sparrow.rl.evaluation import evaluate, paired_difference
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
-from sparrow.rl.metrics_logger import MetricsLogger
-from sparrow.rl.rewards import build_reward, score_batch
-from sparrow.rl.step_monitor import StepMonitor, global_sum
-from sparrow.rl.step_report import (
+from sparrow.rollout.engine import LLMEngine, SamplingParams
+from sparrow.tasks.data import PromptIterator, load_prompts
+from sparrow.tasks.rewards import build_reward, score_batch
+from sparrow.train.checkpoint import CheckpointManager
+from sparrow.train.evaluation import evaluate, paired_difference
+from sparrow.train.metrics_logger import MetricsLogger
+from sparrow.train.step_monitor import StepMonitor, global_sum
+from sparrow.train.step_report import (
     format_eval_line,
     format_plan,
     format_step_line,
     rollout_metrics,
 )
-from sparrow.rollout.engine import LLMEngine, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from sparrow.acceptance import BinStats, bin_acceptance, exact_acceptance
-from sparrow.schedule import BudgetSchedule
+from sparrow.control.acceptance import BinStats, bin_acceptance, exact_acceptance
+from sparrow.control.schedule import BudgetSchedule
 
 
 @dataclass

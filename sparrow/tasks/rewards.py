@@ -176,7 +176,7 @@ def _normalise(text: str) -> str:
 def _math_reward(cfg: RewardConfig) -> RewardFn:
     # Deferred so that importing the registry does not import SymPy, and math_verifier can
     # import the interface above without a cycle.
-    from sparrow.rl.math_verifier import MathVerifier
+    from sparrow.tasks.math_verifier import MathVerifier
 
     return MathVerifier(timeout_s=cfg.timeout_s, fallback=cfg.answer_fallback)
 

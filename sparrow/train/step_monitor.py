@@ -12,16 +12,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sparrow.acceptance import (
+from sparrow.batch import RolloutBatch
+from sparrow.config import SparrowConfig
+from sparrow.control.acceptance import (
     AcceptanceMonitor,
     BinStats,
     bin_acceptance,
     flatten_completion,
     topk_acceptance_bound,
 )
-from sparrow.batch import RolloutBatch
-from sparrow.config import SparrowConfig
-from sparrow.rl.exact_acceptance import exact_batch_acceptance
+from sparrow.train.exact_acceptance import exact_batch_acceptance
 
 
 def global_sum(value, world: int) -> float:

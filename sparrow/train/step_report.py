@@ -5,7 +5,7 @@ import math
 
 from sparrow.batch import RolloutBatch
 from sparrow.config import SparrowConfig
-from sparrow.rl.rewards import BatchScores
+from sparrow.tasks.rewards import BatchScores
 
 
 def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, global_mean) -> dict:

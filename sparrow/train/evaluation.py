@@ -7,9 +7,9 @@ held-out prompts of all ranks; `sum_over_ranks` reduces counts across data-paral
 import math
 from collections.abc import Callable, Sequence
 
-from sparrow.rl.data import Prompt
-from sparrow.rl.rewards import GuardedReward, score_batch
 from sparrow.rollout.engine import LLMEngine, SamplingParams
+from sparrow.tasks.data import Prompt
+from sparrow.tasks.rewards import GuardedReward, score_batch
 
 
 def wilson_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:

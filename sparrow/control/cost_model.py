@@ -16,7 +16,7 @@ one decode step: the token at absolute position t attends over t tokens, as in s
 
 from dataclasses import dataclass
 
-from sparrow.schedule import BudgetSchedule
+from sparrow.control.schedule import BudgetSchedule
 
 
 @dataclass

@@ -15,7 +15,7 @@ The same config always yields the same examples. The held-out split is drawn fro
 stream first and the training split skips any prompt in it, so the two never overlap and the
 held-out set does not change when `num_examples` does.
 
-    python -m sparrow.rl.tasks   # prints one example of each family
+    python -m sparrow.tasks.generators   # prints one example of each family
 """
 
 import operator

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sparrow.schedule import BudgetSchedule, ScheduleConfig, build_schedule
+from sparrow.control.schedule import BudgetSchedule, ScheduleConfig, build_schedule
 
 if TYPE_CHECKING:
-    from sparrow.acceptance import BinStats
+    from sparrow.control.acceptance import BinStats
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Prompt datasets: loading, column mapping, chat templating, and the resumable batch iterator.
 
-A source is the embedded task generator ("tasks", see tasks.py), a local jsonl/json/parquet/csv
+A source is the embedded task generator ("tasks", see generators.py), a local jsonl/json/parquet/csv
 file or data directory, or a hub dataset name (loaded with `datasets.load_dataset`; needs a
 reachable hub). Every row becomes a `Prompt`: the user message (a string, or a list of chat
 messages) is rendered with the tokenizer's chat template and tokenized once, and prompts longer
@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparrow.rl.tasks import TaskConfig, generate_tasks
+from sparrow.tasks.generators import TaskConfig, generate_tasks
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 

@@ -74,7 +74,7 @@ class _Worker:
         parent_read, child_write = os.pipe()
         die_with_parent = threading.current_thread() is threading.main_thread()
         code = (
-            "from sparrow.rl.sandbox import _serve; "
+            "from sparrow.tasks.sandbox import _serve; "
             f"_serve({child_read}, {child_write}, {die_with_parent})"
         )
         self.process = subprocess.Popen(

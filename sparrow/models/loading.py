@@ -7,7 +7,7 @@
   trained locally, for tests and the smoke preset.
 - anything else: `AutoModelForCausalLM.from_pretrained(name)` (hub id or local directory).
 
-    python -c "from sparrow.models import *; print(load_model(ModelConfig()).model)"
+    python -c "from sparrow.models.loading import *; print(load_model(ModelConfig()).model)"
 """
 
 import importlib.util

@@ -14,8 +14,8 @@ import logging
 import re
 from typing import Literal
 
-from sparrow.rl.rewards import RewardResult, RewardTimeout
-from sparrow.rl.sandbox import Sandbox, SandboxTimeout
+from sparrow.tasks.rewards import RewardResult, RewardTimeout
+from sparrow.tasks.sandbox import Sandbox, SandboxTimeout
 
 AnswerFallback = Literal["last_number", "none"]
 
