@@ -10,6 +10,7 @@ read when this module is imported, so set it before.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -17,6 +18,41 @@ import triton.language as tl
 from torch import Tensor
 
 from .selection import SelectedPages
+
+
+@triton.jit
+def _page_ids(sel_base, stride_ss, table_base, stride_ptp, start, hi, offs_p, DENSE: tl.constexpr):
+    """(logical, physical int64 id, in range) of the pages in slots start + offs_p: one load per
+    page, not per token lane. Slots at or past `hi` get page 0, so no lane forms a wild address."""
+    slot = start + offs_p  # (PAGES_PER_ITER,)
+    slot_ok = slot < hi
+    if DENSE:
+        logical = tl.where(slot_ok, slot, 0)
+    else:
+        logical = tl.load(sel_base + slot * stride_ss, mask=slot_ok, other=0)
+    phys = tl.load(table_base + logical * stride_ptp, mask=slot_ok, other=0)
+    return logical, phys.to(tl.int64), slot_ok  # int64: large caches overflow int32 offsets
+
+
+@triton.jit
+def _load_tile(
+    k_base, v_base, stride_kp, stride_kt, stride_vp, stride_vt, ids, seq_len, offs_t, offs_d,
+    PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """K and V (BLOCK_N, HEAD_DIM) of the pages `ids` and which of their token rows are valid."""
+    logical, phys, slot_ok = ids
+    BLOCK_N: tl.constexpr = logical.shape[0] * PAGE_SIZE
+    pos = logical[:, None] * PAGE_SIZE + offs_t[None, :]  # (PAGES_PER_ITER, PAGE_SIZE)
+    tok_ok = tl.reshape(slot_ok[:, None] & (pos < seq_len), [BLOCK_N])  # (BLOCK_N,)
+    # Row offsets are multiples of HEAD_DIM (contiguous caches, checked by the launcher):
+    # saying so lets the compiler issue 16-byte vector loads.
+    row_k = tl.reshape(phys[:, None] * stride_kp + offs_t[None, :] * stride_kt, [BLOCK_N])
+    row_v = tl.reshape(phys[:, None] * stride_vp + offs_t[None, :] * stride_vt, [BLOCK_N])
+    row_k = tl.multiple_of(row_k, HEAD_DIM)
+    row_v = tl.multiple_of(row_v, HEAD_DIM)
+    k = tl.load(k_base + row_k[:, None] + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
+    v = tl.load(v_base + row_v[:, None] + offs_d[None, :], mask=tok_ok[:, None], other=0.0)
+    return k, v, tok_ok
 
 
 @triton.jit
@@ -33,6 +69,7 @@ def _decode_split_kernel(
     num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGES_PER_ITER: tl.constexpr, DENSE: tl.constexpr,
+    SPLIT_OUT: tl.constexpr,
     COMPUTE_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
@@ -49,12 +86,10 @@ def _decode_split_kernel(
     lo = split * pages_per_split
     hi = tl.minimum(lo + pages_per_split, num_sel)
 
-    BLOCK_N: tl.constexpr = PAGES_PER_ITER * PAGE_SIZE
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
-    page_of_lane = offs_n // PAGE_SIZE  # (BLOCK_N,) which page of the iteration each lane reads
-    token_of_lane = offs_n % PAGE_SIZE
+    offs_p = tl.arange(0, PAGES_PER_ITER)  # (PAGES_PER_ITER,) pages of one iteration
+    offs_t = tl.arange(0, PAGE_SIZE)  # (PAGE_SIZE,) token offsets within a page
     g_mask = offs_g < GROUP
     q_heads = kv_head * GROUP + offs_g  # (GROUP_PAD,)
     q = tl.load(
@@ -64,45 +99,29 @@ def _decode_split_kernel(
     )  # (GROUP_PAD, HEAD_DIM)
     if COMPUTE_FP32:
         q = q.to(tl.float32)
+    k_base = k_ptr + kv_head * tl.multiple_of(stride_kh, HEAD_DIM)
+    v_base = v_ptr + kv_head * tl.multiple_of(stride_vh, HEAD_DIM)
+    sel_base = sel_ptr + b * stride_sb + kv_head * stride_sh
+    table_base = page_table_ptr + b * stride_ptb
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    # Two-deep software pipeline: while one tile is computed, the next tile's K/V loads are in
+    # flight (their addresses came from ids loaded an iteration earlier) and the ids of the tile
+    # after it are loading, so no iteration waits on the dependent sel -> page_table -> K chain.
+    ids = _page_ids(sel_base, stride_ss, table_base, stride_ptp, lo, hi, offs_p, DENSE)
+    k, v, tok_ok = _load_tile(k_base, v_base, stride_kp, stride_kt, stride_vp, stride_vt, ids,
+                              seq_len, offs_t, offs_d, PAGE_SIZE, HEAD_DIM)  # fmt: skip
+    ids = _page_ids(sel_base, stride_ss, table_base, stride_ptp, lo + PAGES_PER_ITER, hi, offs_p,
+                    DENSE)  # fmt: skip
     for start in range(lo, hi, PAGES_PER_ITER):
-        slot = start + page_of_lane  # (BLOCK_N,)
-        slot_ok = slot < hi
-        slot = tl.where(slot_ok, slot, 0)  # masked lanes point at page 0: never out of bounds
-        if DENSE:
-            logical = slot
-        else:
-            logical = tl.load(
-                sel_ptr + b * stride_sb + kv_head * stride_sh + slot * stride_ss,
-                mask=slot_ok,
-                other=0,
-            )
-        phys = tl.load(
-            page_table_ptr + b * stride_ptb + logical * stride_ptp, mask=slot_ok, other=0
-        )
-        phys = phys.to(tl.int64)  # large caches overflow int32 offsets
-        tok_ok = slot_ok & (logical * PAGE_SIZE + token_of_lane < seq_len)  # (BLOCK_N,)
-        k = tl.load(
-            k_ptr
-            + phys[:, None] * stride_kp
-            + token_of_lane[:, None] * stride_kt
-            + kv_head * stride_kh
-            + offs_d[None, :],
-            mask=tok_ok[:, None],
-            other=0.0,
-        )  # (BLOCK_N, HEAD_DIM)
-        v = tl.load(
-            v_ptr
-            + phys[:, None] * stride_vp
-            + token_of_lane[:, None] * stride_vt
-            + kv_head * stride_vh
-            + offs_d[None, :],
-            mask=tok_ok[:, None],
-            other=0.0,
-        )  # (BLOCK_N, HEAD_DIM)
+        k_next, v_next, tok_ok_next = _load_tile(
+            k_base, v_base, stride_kp, stride_kt, stride_vp, stride_vt, ids, seq_len, offs_t,
+            offs_d, PAGE_SIZE, HEAD_DIM,
+        )  # fmt: skip
+        ids = _page_ids(sel_base, stride_ss, table_base, stride_ptp, start + 2 * PAGES_PER_ITER,
+                        hi, offs_p, DENSE)  # fmt: skip
         if COMPUTE_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -114,14 +133,16 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+        k, v, tok_ok = k_next, v_next, tok_ok_next
 
     # An empty split (past this sequence's pages) reports lse = -inf so the merge weighs it 0.
     has_tokens = l_i > 0
     out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
-    lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
-    o_base = o_ptr + b * stride_ob + split * stride_os
-    tl.store(o_base + q_heads[:, None] * stride_oh + offs_d[None, :], out, mask=g_mask[:, None])
-    tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)
+    o_rows = o_ptr + b * stride_ob + split * stride_os + q_heads[:, None] * stride_oh
+    tl.store(o_rows + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+    if SPLIT_OUT:
+        lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
+        tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)
 
 
 # TRITON_INTERPRET was read when the kernel above was decorated; this is what the launcher and
@@ -157,6 +178,63 @@ def _merge_splits_kernel(
     )
 
 
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Tile and launch configuration of the split kernel."""
+
+    pages_per_iter: int  # pages per loop iteration (BLOCK_N = pages_per_iter * PAGE_SIZE)
+    num_warps: int
+    num_stages: int
+
+
+# Compiled GPUs: 2 pages (32 tokens) per iteration and 4 warps keep both K/V tiles of the two-deep
+# pipeline in registers without spills for head dim 128 (the AOT table in the issue-21 note).
+DEFAULT_TILES = DecodeTiles(pages_per_iter=2, num_warps=4, num_stages=2)
+INTERPRETER_TILES = DecodeTiles(pages_per_iter=1, num_warps=4, num_stages=2)
+MAX_SPLITS = 32  # the merge kernel reads every split of a head in one tile
+MIN_ITERS_PER_SPLIT = 4  # below this, a split's prologue and the merge outweigh the parallelism
+
+
+def decode_constexprs(
+    group: int, head_dim: int, page_size: int, dtype: torch.dtype, tiles: DecodeTiles,
+    *, dense: bool, split_out: bool, interpreted: bool = False,
+) -> dict:  # fmt: skip
+    """The split kernel's constexprs for these shapes: one function for the launcher and the
+    ahead-of-time variant list, so that both name the same compiled kernels."""
+    fp32 = dtype == torch.float32
+    return {
+        "GROUP": group, "GROUP_PAD": max(16, triton.next_power_of_2(group)),
+        "HEAD_DIM": head_dim, "PAGE_SIZE": page_size,
+        # tl.dot needs N >= 16 tokens per iteration.
+        "PAGES_PER_ITER": max(tiles.pages_per_iter, triton.cdiv(16, page_size)),
+        "DENSE": dense, "SPLIT_OUT": split_out, "COMPUTE_FP32": interpreted or fp32,
+        "DOT_PRECISION": "ieee" if fp32 or interpreted else "tf32",
+    }  # fmt: skip
+
+
+def choose_num_splits(
+    num_rows: int, max_pages: int, pages_per_iter: int, num_sms: int, ctas_per_sm: int
+) -> int:
+    """Splits per (sequence, KV head) row: enough programs for one full wave of resident CTAs
+    (`num_sms` x `ctas_per_sm`, from the kernel's registers and shared memory), but no split with
+    fewer than MIN_ITERS_PER_SPLIT iterations of the longest row (`max_pages`, an upper bound
+    known without a device sync), and 1 when the rows alone fill the wave (no merge then)."""
+    resident = num_sms * max(1, ctas_per_sm)
+    if num_rows >= resident:
+        return 1
+    iters = triton.cdiv(max(1, max_pages), pages_per_iter)
+    by_length = max(1, iters // MIN_ITERS_PER_SPLIT)
+    return max(1, min(triton.cdiv(resident, num_rows), by_length, MAX_SPLITS))
+
+
+def ctas_per_sm(regs: int, smem_bytes: int, num_warps: int, *, regs_per_sm: int = 65536,
+                smem_per_sm: int = 228 * 1024, max_warps: int = 64) -> int:  # fmt: skip
+    """Resident CTAs of a kernel per SM (Hopper limits by default), from what ptxas reports."""
+    by_regs = regs_per_sm // max(1, regs * 32 * num_warps)
+    by_smem = smem_per_sm // max(1, smem_bytes)
+    return max(1, min(by_regs, by_smem, max_warps // num_warps))
+
+
 def paged_decode_triton(
     q: Tensor,
     k_cache: Tensor,
@@ -168,11 +246,12 @@ def paged_decode_triton(
     *,
     num_splits: int | None = None,
     pages_per_iter: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> Tensor:
-    """Launch both passes; inputs already validated by checks.py. The keyword-only knobs are for
-    tests and the benchmark sweep; None picks a default from the device and the batch."""
+    """Launch the split kernel, and the merge when there is more than one split; inputs already
+    validated by checks.py. The keyword-only knobs are for tests and the benchmark sweep; None
+    picks the default tiles and the split count from the device, the kernel and the shapes."""
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -187,22 +266,38 @@ def paged_decode_triton(
         )
     if page_size & (page_size - 1):
         raise ValueError(f"paged_decode(triton): PAGE_SIZE must be a power of 2, got {page_size}")
-    if pages_per_iter is None:
-        pages_per_iter = 1 if INTERPRETED else 4
-    pages_per_iter = max(pages_per_iter, triton.cdiv(16, page_size))  # tl.dot needs N >= 16
+    base = INTERPRETER_TILES if INTERPRETED else DEFAULT_TILES
+    tiles = DecodeTiles(
+        pages_per_iter=pages_per_iter or base.pages_per_iter,
+        num_warps=num_warps or base.num_warps,
+        num_stages=num_stages or base.num_stages,
+    )
     # An upper bound on any row's page count that needs no device sync.
     max_slots = page_table.shape[1] if selected is None else selected.logical_pages.shape[2]
+    kw = dict(dense=selected is None, interpreted=INTERPRETED)
     if num_splits is None:
-        num_splits = _default_num_splits(q, batch * num_kv_heads)
-    num_splits = max(1, min(num_splits, triton.cdiv(max_slots, pages_per_iter)))
-
-    o_part = torch.empty(batch, num_q_heads, num_splits, head_dim, device=q.device)
-    lse_part = torch.empty(batch, num_q_heads, num_splits, device=q.device)
+        num_splits = _default_num_splits(q, batch * num_kv_heads, max_slots, group, page_size,
+                                         tiles, kw)  # fmt: skip
+    ppi = decode_constexprs(group, head_dim, page_size, q.dtype, tiles, split_out=True, **kw)
+    ppi = ppi["PAGES_PER_ITER"]
+    num_splits = max(1, min(num_splits, MAX_SPLITS, triton.cdiv(max_slots, ppi)))
+    split_out = num_splits > 1
+    constexprs = decode_constexprs(
+        group, head_dim, page_size, q.dtype, tiles, split_out=split_out, **kw
+    )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H_q, D), contiguous
+    if split_out:
+        o_part = torch.empty(batch, num_q_heads, num_splits, head_dim, device=q.device)
+        lse_part = torch.empty(batch, num_q_heads, num_splits, device=q.device)
+        o_strides = o_part.stride()[:3]
+        lse_strides = lse_part.stride()[:2]
+    else:  # one split: the kernel's normalised output is final, written in q's dtype
+        o_part, lse_part = out, out
+        o_strides = (out.stride(0), out.stride(1), 0)
+        lse_strides = (0, 0)
     # In dense mode the selection pointers are never read; pass page_table as a placeholder.
     sel = page_table[:, None, :] if selected is None else selected.logical_pages
     num_sel = seq_lens if selected is None else selected.num_selected
-    fp32 = q.dtype == torch.float32
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, sel, num_sel, o_part, lse_part,
         scale * math.log2(math.e),
@@ -211,28 +306,78 @@ def paged_decode_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0), page_table.stride(1),
         sel.stride(0), sel.stride(1), sel.stride(2),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
+        *o_strides, *lse_strides,
         num_splits,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        PAGE_SIZE=page_size, PAGES_PER_ITER=pages_per_iter, DENSE=selected is None,
-        COMPUTE_FP32=INTERPRETED or fp32, DOT_PRECISION="ieee" if fp32 or INTERPRETED else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        **constexprs, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
-    _merge_splits_kernel[(batch, num_q_heads)](
-        o_part, lse_part, out, num_splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-    )  # fmt: skip
+    if split_out:
+        _merge_splits_kernel[(batch, num_q_heads)](
+            o_part, lse_part, out, num_splits,
+            o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            lse_part.stride(0), lse_part.stride(1),
+            out.stride(0), out.stride(1),
+            **merge_constexprs(head_dim),
+        )  # fmt: skip
     return out
 
 
-def _default_num_splits(q: Tensor, num_rows: int) -> int:
-    """Enough (sequence, KV head, split) programs for ~2 waves on the GPU; 1 in the interpreter,
-    where programs run one after another anyway."""
+def merge_constexprs(head_dim: int) -> dict:
+    """The merge kernel's constexprs (one variant per head dim and output dtype)."""
+    return {"HEAD_DIM": head_dim, "SPLITS_PAD": MAX_SPLITS}
+
+
+_OCCUPANCY: dict[tuple, int] = {}  # compiled variant -> resident CTAs per SM
+
+
+def _default_num_splits(q, num_rows, max_slots, group, page_size, tiles, kw) -> int:
+    """choose_num_splits on this device with the compiled kernel's occupancy; 1 in the
+    interpreter, where programs run one after another anyway."""
     if not q.is_cuda:
         return 1
+    head_dim = q.shape[-1]
+    constexprs = decode_constexprs(group, head_dim, page_size, q.dtype, tiles, split_out=True, **kw)
+    key = (q.device, q.dtype, tiles, tuple(sorted(constexprs.items())))
+    if key not in _OCCUPANCY:
+        regs, smem = _compiled_resources(q, constexprs, tiles)
+        _OCCUPANCY[key] = ctas_per_sm(regs, smem, tiles.num_warps)
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    return triton.cdiv(2 * num_sms, num_rows)
+    return choose_num_splits(
+        num_rows, max_slots, constexprs["PAGES_PER_ITER"], num_sms, _OCCUPANCY[key]
+    )
+
+
+def _compiled_resources(q: Tensor, constexprs: dict, tiles: DecodeTiles) -> tuple[int, int]:
+    """(registers per thread, shared bytes) of the split kernel variant, compiled (and cached by
+    Triton) through a warmup with dummy arguments of the right types."""
+    ints = [16] * 19  # strides and num_splits: multiples of 16, as the real ones mostly are
+    i32 = torch.zeros(1, dtype=torch.int32, device=q.device)
+    f32 = torch.zeros(1, dtype=torch.float32, device=q.device)
+    try:
+        compiled = _decode_split_kernel.warmup(
+            q, q, q, i32, i32, i32, i32, f32, f32, 1.0, *ints,
+            **constexprs, num_warps=tiles.num_warps, num_stages=tiles.num_stages, grid=(1,),
+        )  # fmt: skip
+        compiled._init_handles()
+        return compiled.n_regs, compiled.metadata.shared
+    except Exception:  # a Triton version without warmup: assume a register-bound kernel
+        return 255, 0
+
+
+def aot_signature(kernel: str, dtype: str, constexprs: dict) -> dict[str, str]:
+    """Argument types of `kernel` for ahead-of-time compilation (kernels/aot.py)."""
+    if kernel == "merge_splits":
+        types = {
+            name: "i32" for name in _merge_splits_kernel.arg_names if name.startswith("stride")
+        }
+        return types | {
+            "o_ptr": "*fp32",
+            "lse_ptr": "*fp32",
+            "out_ptr": f"*{dtype}",
+            "num_splits": "i32",
+        }
+    out = "*fp32" if constexprs["SPLIT_OUT"] else f"*{dtype}"
+    types = {name: "i32" for name in _decode_split_kernel.arg_names if name.startswith("stride")}
+    types |= {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}"}
+    types |= {name: "*i32" for name in ("page_table_ptr", "seq_lens_ptr", "sel_ptr", "num_sel_ptr")}
+    types |= {"o_ptr": out, "lse_ptr": "*fp32", "scale_log2": "fp32", "num_splits": "i32"}
+    return types
