@@ -5,6 +5,8 @@ dense paged decode, over context lengths x budgets.
                                                # kernel when it builds; --backend torch: torch ops)
     sparrow-bench kernel --json out.json       # a list of rows, one per (context, budget)
     sparrow-bench kernel --sweep               # GPU: also time a few Triton tile configs
+    sparrow-bench kernel --aot --json aot.json  # no GPU needed: compile every Triton variant
+                                               # for Hopper; regs, spills, smem per variant
 
 On the cpp backend selection and attention are one fused call: select_ms and sparse_decode_ms are
 null, sparse_ms times the call; dense_ms is the torch paged decode (gather + SDPA) there.
@@ -19,6 +21,7 @@ sparse_ms <= 1.3 x (budget / context + 1/16) x dense_ms.
 import argparse
 import functools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -56,6 +59,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None, help="timed calls per measurement")
     p.add_argument("--peak-tbps", type=float, default=None, help="HBM peak, TB/s (GPU only)")
     p.add_argument("--sweep", action="store_true", help="GPU: time Triton tile configs too")
+    p.add_argument("--aot", action="store_true", help="compile every Triton variant for sm_90")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = p.parse_args(argv)
     gpu = args.device.startswith("cuda")
@@ -249,6 +253,8 @@ def sweep_configs(args, device: torch.device, peak_tbps: float | None) -> list[d
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args([] if argv is None else argv)
+    if args.aot:
+        return aot_table(args.json)
     device = torch.device(args.device)
     peak_tbps = args.peak_tbps if args.peak_tbps is not None else detect_peak_tbps(device)
     rows = []
@@ -269,6 +275,32 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(json.dumps(sweep, indent=1))
             print(f"wrote {len(sweep)} sweep rows to {path}")
     return 0
+
+
+def aot_table(path: Path | None) -> int:
+    """Compile every variant of kernel_aot.aot_variants() for Hopper; print and write the rows.
+    Exit status 1 if any variant spills."""
+    from sparrow.bench.kernel_aot import aot_variants, compile_all
+    from sparrow.kernels.aot import backend_available
+
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("sparrow-bench kernel --aot: unset TRITON_INTERPRET (it compiles, not interprets)")
+        return 2
+    if not backend_available():
+        print("sparrow-bench kernel --aot: this Triton has no CUDA backend")
+        return 2
+    start = time.perf_counter()
+    rows = compile_all(aot_variants())
+    for row in rows:
+        print(_format_row(row), flush=True)
+    spilling = [r for r in rows if r["spills"]]
+    print(f"{len(rows)} variants compiled for sm_90 in {time.perf_counter() - start:.0f} s; "
+          f"{len(spilling)} spill")  # fmt: skip
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows, indent=1))
+        print(f"wrote {len(rows)} rows to {path}")
+    return 1 if spilling else 0
 
 
 def _format_row(row: dict) -> str:

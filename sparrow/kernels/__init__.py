@@ -94,6 +94,8 @@ def select_pages(
 
         scores = page_scores_triton(q, summary, page_table, seq_lens, score, page_size)
     else:
+        if any(t.dtype != torch.float32 for t in summary.tables):
+            raise TypeError("select_pages: the torch backend scores fp32 page summaries only")
         scores = page_scores_torch(q, summary, page_table, seq_lens, score, page_size, plan)
     return select_from_scores(
         scores,

@@ -94,9 +94,14 @@ def check_select_inputs(
         )
     if q.stride(-1) != 1:
         raise ValueError(f"select_pages: q's last dim must have stride 1, strides are {q.stride()}")
-    num_pages, num_kv_heads, head_dim = summary.k_mean.shape
-    if {summary.k_mean.device, summary.k_min.device, summary.k_max.device} != {q.device}:
+    tables = (summary.k_min, summary.k_max) if score == "quest" else (summary.k_mean,)
+    if any(t is None for t in tables):
+        raise ValueError(f"select_pages: {score} scoring needs the page summaries it reads")
+    num_pages, num_kv_heads, head_dim = tables[0].shape
+    if {t.device for t in tables} != {q.device}:
         raise ValueError("select_pages: page summaries must be on q's device")
+    if any(t.dtype not in (torch.float32, q.dtype) for t in tables):
+        raise TypeError(f"select_pages: page summaries must be fp32 or q's dtype {q.dtype}")
     if q.shape[1] % num_kv_heads != 0 or q.shape[2] != head_dim:
         raise ValueError(
             f"select_pages: q {tuple(q.shape)} does not match summaries (H_kv={num_kv_heads}, "

@@ -3,9 +3,9 @@
 Layout (one layer): `k_cache`, `v_cache` are (num_pages, PAGE_SIZE, H_kv, D); a sequence's page
 table maps its logical pages 0..n-1 to physical page ids, and token t lives at logical page
 t // PAGE_SIZE, offset t % PAGE_SIZE. Each physical page carries a `PageSummary` row: the centroid
-of its valid keys (the Sparrow paper's page score) and their channel-wise min/max (Quest's upper
-bound on q.k, arXiv 2406.10774). Plain torch index ops: they run on CPU and CUDA alike and read
-only the pages they touch, so no Triton kernel is needed here.
+of its valid keys (the Sparrow paper's page score) or their channel-wise min/max (Quest's upper
+bound on q.k, arXiv 2406.10774), whichever the score mode reads. Plain torch index ops: they
+run on CPU and CUDA alike and read only the pages they touch, so no Triton kernel is needed here.
 """
 
 from dataclasses import dataclass
@@ -16,22 +16,43 @@ from torch import Tensor
 
 @dataclass
 class PageSummary:
-    """Per-layer key summaries of every physical page; fp32 so that scoring is exact enough."""
+    """Per-layer key summaries of every physical page. A table the score mode never reads is None
+    (Quest reads min/max, "centroid" the mean): it is neither allocated nor written."""
 
-    k_mean: Tensor  # (num_pages, H_kv, D) centroid of the page's valid keys
-    k_min: Tensor  # (num_pages, H_kv, D) channel-wise min of valid keys
-    k_max: Tensor  # (num_pages, H_kv, D) channel-wise max of valid keys
+    k_mean: Tensor | None  # (num_pages, H_kv, D) centroid of the page's valid keys
+    k_min: Tensor | None  # (num_pages, H_kv, D) channel-wise min of valid keys
+    k_max: Tensor | None  # (num_pages, H_kv, D) channel-wise max of valid keys
+
+    @property
+    def tables(self) -> list[Tensor]:
+        """The tables that exist (at least one)."""
+        return [t for t in (self.k_mean, self.k_min, self.k_max) if t is not None]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.tables[0].shape[1]
 
     @staticmethod
     def empty(
-        num_pages: int, num_kv_heads: int, head_dim: int, device: torch.device | str
+        num_pages: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device | str,
+        *,
+        score: str | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> "PageSummary":
+        """Zeroed tables for `score` ("quest": min/max, "centroid": mean; None: all three), in
+        `dtype`. The cache dtype loses nothing for min/max (they are keys) and rounds the mean
+        once; on a GPU it halves what Quest scoring reads per page against fp32."""
         shape = (num_pages, num_kv_heads, head_dim)
-        return PageSummary(
-            k_mean=torch.zeros(shape, dtype=torch.float32, device=device),
-            k_min=torch.zeros(shape, dtype=torch.float32, device=device),
-            k_max=torch.zeros(shape, dtype=torch.float32, device=device),
-        )
+
+        def table(*modes: str) -> Tensor | None:
+            if score is not None and score not in modes:
+                return None
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return PageSummary(k_mean=table("centroid"), k_min=table("quest"), k_max=table("quest"))
 
 
 def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
@@ -78,10 +99,16 @@ def update_page_summaries(
     offsets = torch.arange(page_size, device=k_cache.device)  # (PAGE_SIZE,)
     valid = (offsets[None, :] < fill_counts.to(k_cache.device)[:, None])[..., None, None]
     counts = fill_counts.to(device=k_cache.device, dtype=torch.float32).clamp(min=1)  # (P,)
-    k_sum = torch.where(valid, keys, 0.0).sum(dim=1)  # (P, H_kv, D)
-    summary.k_mean.index_copy_(0, pages, k_sum / counts[:, None, None])
-    summary.k_min.index_copy_(0, pages, torch.where(valid, keys, float("inf")).amin(dim=1))
-    summary.k_max.index_copy_(0, pages, torch.where(valid, keys, float("-inf")).amax(dim=1))
+    if summary.k_mean is not None:
+        k_sum = torch.where(valid, keys, 0.0).sum(dim=1)  # (P, H_kv, D) fp32
+        mean = k_sum / counts[:, None, None]  # rounded once, to the table's dtype
+        summary.k_mean.index_copy_(0, pages, mean.to(summary.k_mean.dtype))
+    if summary.k_min is not None:
+        k_min = torch.where(valid, keys, float("inf")).amin(dim=1)  # (P, H_kv, D)
+        summary.k_min.index_copy_(0, pages, k_min.to(summary.k_min.dtype))
+    if summary.k_max is not None:
+        k_max = torch.where(valid, keys, float("-inf")).amax(dim=1)  # (P, H_kv, D)
+        summary.k_max.index_copy_(0, pages, k_max.to(summary.k_max.dtype))
 
 
 def _check_cache_pair(k_cache: Tensor, v_cache: Tensor) -> None:

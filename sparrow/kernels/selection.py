@@ -122,7 +122,7 @@ def page_scores_torch(
             page_table, seq_lens, no_budget, page_size=page_size, num_sink=0, num_recent=0
         )
     batch, num_q_heads, head_dim = q.shape
-    num_kv_heads = summary.k_mean.shape[1]
+    num_kv_heads = summary.num_kv_heads
     group = num_q_heads // num_kv_heads
     max_pages = plan.phys.shape[1]
     q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)

@@ -98,8 +98,14 @@ class PagedKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, P, PAGE, H_kv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, P, PAGE, H_kv, D)
         # Row l * num_pages + p summarises page p of layer l (dense layers' rows stay unused), so
-        # that the flattened cache and this table share indices.
-        self._summary = PageSummary.empty(num_layers * num_pages, num_kv_heads, head_dim, device)
+        # that the flattened cache and this table share indices. Only the tables the score mode
+        # reads; in the cache dtype where the Triton kernel scores them (the torch and C++ paths
+        # score fp32 tables).
+        summary_dtype = dtype if uses_triton(cfg.backend, self.k) else torch.float32
+        self._summary = PageSummary.empty(
+            num_layers * num_pages, num_kv_heads, head_dim, device,
+            score=cfg.score, dtype=summary_dtype,
+        )  # fmt: skip
         self._sparse_layers = [i for i in range(num_layers) if i not in cfg.dense_layers]
         # The selection rule's sizes, as both the step's plan and each layer's choice take them.
         self._rule = dict(page_size=cfg.page_size, num_sink=cfg.num_sink, num_recent=cfg.num_recent)
@@ -119,9 +125,8 @@ class PagedKVCache:
         self.summaries: list[PageSummary | None] = [None] * num_layers
         for i in self._sparse_layers:
             rows = slice(i * num_pages, (i + 1) * num_pages)
-            self.summaries[i] = PageSummary(
-                self._summary.k_mean[rows], self._summary.k_min[rows], self._summary.k_max[rows]
-            )
+            tables = (self._summary.k_mean, self._summary.k_min, self._summary.k_max)
+            self.summaries[i] = PageSummary(*(None if t is None else t[rows] for t in tables))
 
     @property
     def reads_shared_pages(self) -> bool:

@@ -1,5 +1,6 @@
 """PagedKVCache: the all-layer summary table, and the deferred (once per step) refresh."""
 
+import pytest
 import torch
 from conftest import random_prompts
 
@@ -8,8 +9,8 @@ from sparrow.rollout.engine import EngineConfig, LLMEngine
 from sparrow.rollout.paged_attention import PagedKVCache, SparseAttentionConfig
 
 
-def make_cache(num_pages):
-    cfg = SparseAttentionConfig(page_size=4, dense_layers=(0,))
+def make_cache(num_pages, score="quest"):
+    cfg = SparseAttentionConfig(page_size=4, dense_layers=(0,), score=score)
     return PagedKVCache(
         cfg,
         num_layers=3,
@@ -22,29 +23,36 @@ def make_cache(num_pages):
 
 
 def test_summaries_of_every_sparse_layer_are_refreshed_in_one_call():
-    kv = make_cache(num_pages=6)
-    kv.k.normal_()
-    kv.update_summaries(torch.tensor([3, 5]), torch.tensor([4, 2]))
-    assert kv.summaries[0] is None
+    quest, centroid = make_cache(num_pages=6), make_cache(num_pages=6, score="centroid")
+    for kv in (quest, centroid):
+        kv.k.normal_()
+        kv.update_summaries(torch.tensor([3, 5]), torch.tensor([4, 2]))
+        assert kv.summaries[0] is None
     for layer in (1, 2):
-        s = kv.summaries[layer]
-        assert torch.allclose(s.k_mean[3], kv.k[layer, 3].mean(0))
-        assert torch.equal(s.k_min[5], kv.k[layer, 5, :2].amin(0))
-        assert torch.equal(s.k_max[5], kv.k[layer, 5, :2].amax(0))
-        assert (s.k_mean[[0, 1, 2, 4]] == 0).all()  # untouched pages
+        s = quest.summaries[layer]
+        assert s.k_mean is None  # Quest never reads the centroids: not allocated, not written
+        assert torch.equal(s.k_min[5], quest.k[layer, 5, :2].amin(0))
+        assert torch.equal(s.k_max[5], quest.k[layer, 5, :2].amax(0))
+        assert (s.k_min[[0, 1, 2, 4]] == 0).all()  # untouched pages
+        s = centroid.summaries[layer]
+        assert s.k_min is None and s.k_max is None
+        assert torch.allclose(s.k_mean[3], centroid.k[layer, 3].mean(0))
+        assert (s.k_mean[[0, 1, 2, 4]] == 0).all()
 
 
-def test_refresh_in_layer_chunks_gives_the_same_table():
-    kv = make_cache(num_pages=2100)  # 2100 pages per call: one layer per chunk
+@pytest.mark.parametrize("score", ["quest", "centroid"])
+def test_refresh_in_layer_chunks_gives_the_same_table(score):
+    kv = make_cache(num_pages=2100, score=score)  # 2100 pages per call: one layer per chunk
     kv.k.normal_()
     pages = torch.arange(2100)
     fills = torch.randint(1, 5, (2100,))
     kv.update_summaries(pages, fills)
     for layer in (1, 2):
         s = kv.summaries[layer]
-        ref = make_cache(num_pages=2100).summaries[layer]
+        ref = make_cache(num_pages=2100, score=score).summaries[layer]
         update_page_summaries(kv.k[layer], ref, pages, fills)
-        assert torch.equal(s.k_min, ref.k_min) and torch.allclose(s.k_mean, ref.k_mean)
+        for got, expected in zip(s.tables, ref.tables, strict=True):
+            assert torch.equal(got, expected)
 
 
 def test_deferred_refresh_selects_like_refreshing_before_every_layer(lively_llama):

@@ -1,0 +1,157 @@
+"""Every Triton kernel variant sparrow can launch on a GPU, compiled ahead of time for Hopper.
+
+    sparrow-bench kernel --aot --json aot.json     # one row per variant: regs, spills, smem
+
+`aot_variants()` is the single list, used by this benchmark and by the default-suite test
+(tests/kernels/test_aot_compile.py). It is derived, not hand-kept: the GPU presets
+(conf/preset/*_gpu.yaml: model shape from sparrow.models.random_init, dtype, the rollout group's
+engine settings over EngineConfig's defaults) give the engine's shapes, and the kernels'
+own constexpr functions (the ones their launchers call) turn shapes into variants; the kernel
+sweep's tile configs (sparrow.bench.kernel.SWEEP) at the benchmark's default shape are added.
+Compiling needs Triton's CUDA backend and TRITON_INTERPRET unset; no GPU.
+"""
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import yaml
+
+from sparrow.kernels.aot import KernelVariant
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """What the engine's kernels specialise on, for one model and engine config."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    qk_norm: bool
+    page_size: int
+    score: str
+    dtype: torch.dtype
+
+
+def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
+    """The engine shape of every GPU preset (conf/preset/*_gpu.yaml)."""
+    from sparrow.models.random_init import QWEN3_COMMON, QWEN3_SHAPES
+    from sparrow.rollout.engine import EngineConfig
+
+    shapes = []
+    for path in sorted((conf_dir / "preset").glob("*_gpu.yaml")):
+        preset = yaml.safe_load(path.read_text())
+        rollout_group = _override(preset, "rollout")
+        engine = {f.name: f.default for f in fields(EngineConfig)}
+        if rollout_group is not None:
+            group = yaml.safe_load((conf_dir / "rollout" / f"{rollout_group}.yaml").read_text())
+            engine |= group.get("engine", {})
+        engine |= preset.get("rollout", {}).get("engine", {})
+        model = QWEN3_COMMON | QWEN3_SHAPES[preset["model"]["name"].split("/")[-1].lower()]
+        shapes.append(
+            EngineShape(
+                num_q_heads=model["num_attention_heads"],
+                num_kv_heads=model["num_key_value_heads"],
+                head_dim=model["head_dim"],
+                hidden_size=model["hidden_size"],
+                qk_norm=True,  # Qwen3
+                page_size=engine["page_size"],
+                score=engine["score"],
+                dtype=getattr(torch, engine["dtype"]),
+            )
+        )
+    return shapes
+
+
+def engine_variants(shape: EngineShape) -> list[KernelVariant]:
+    """The variants one engine shape launches: decode dense and sparse (one split writes the
+    output, more go through the merge), scoring of the configured mode, and for bf16/fp16 the
+    fused norms (with and without a residual) and q/k norm + RoPE."""
+    from sparrow.kernels import decode_triton as dt
+    from sparrow.kernels import norm_rope_triton as nr
+    from sparrow.kernels import score_triton as st
+
+    group = shape.num_q_heads // shape.num_kv_heads
+    name = DTYPE_NAMES[shape.dtype]
+    tiles = dt.DEFAULT_TILES
+    out = []
+    for dense in (True, False):
+        for split_out in (True, False):
+            constexprs = dt.decode_constexprs(
+                group, shape.head_dim, shape.page_size, shape.dtype, tiles,
+                dense=dense, split_out=split_out,
+            )  # fmt: skip
+            out.append(
+                _variant("decode_split", name, constexprs, tiles.num_warps, tiles.num_stages)
+            )
+    out.append(_variant("merge_splits", name, dt.merge_constexprs(shape.head_dim), 4, 2))
+    constexprs = st.score_constexprs(
+        group, shape.head_dim, shape.page_size, shape.dtype, shape.score == "quest", False
+    )
+    out.append(_variant("page_score", name, constexprs, 4, 2))
+    if shape.dtype != torch.float32:
+        for residual in (True, False):
+            constexprs = nr.add_rms_norm_constexprs(shape.hidden_size, residual)
+            out.append(_variant("add_rms_norm", name, constexprs, 4, 2))
+        heads = shape.num_q_heads + shape.num_kv_heads
+        constexprs = nr.qk_norm_rope_constexprs(heads, shape.head_dim, shape.qk_norm)
+        out.append(_variant("qk_norm_rope", name, constexprs, 4, 2))
+    return out
+
+
+def sweep_variants() -> list[KernelVariant]:
+    """The split kernel under each tile config of `sparrow-bench kernel --sweep`, at the
+    benchmark's default GPU shape, with and without the merge (short budgets take one split)."""
+    from sparrow.bench.kernel import SWEEP, parse_args
+    from sparrow.kernels import decode_triton as dt
+
+    args = parse_args(["--device", "cuda"])
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    group = args.q_heads // args.kv_heads
+    out = []
+    for ppi, warps, stages in SWEEP:
+        tiles = dt.DecodeTiles(pages_per_iter=ppi, num_warps=warps, num_stages=stages)
+        for dense in (True, False):
+            for split_out in (True, False):
+                constexprs = dt.decode_constexprs(
+                    group, args.head_dim, args.page_size, dtype, tiles,
+                    dense=dense, split_out=split_out,
+                )  # fmt: skip
+                out.append(_variant("decode_split", args.dtype, constexprs, warps, stages))
+    return out
+
+
+def aot_variants() -> list[KernelVariant]:
+    """Every distinct variant of the presets' engines and the kernel sweep, in a stable order."""
+    variants = [v for shape in preset_shapes() for v in engine_variants(shape)]
+    variants += sweep_variants()
+    return list(dict.fromkeys(variants))
+
+
+def compile_all(variants: list[KernelVariant], workers: int | None = None) -> list[dict]:
+    """Compile each variant (in parallel processes) and return their rows, in order."""
+    from sparrow.kernels.aot import compile_variant
+
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(compile_variant, variants))
+
+
+def _variant(kernel: str, dtype: str, constexprs: dict, warps: int, stages: int) -> KernelVariant:
+    return KernelVariant(kernel, dtype, tuple(sorted(constexprs.items())), warps, stages)
+
+
+def _override(preset: dict, group: str) -> str | None:
+    """The option a preset's defaults list picks for `group` (`- override /group: option`)."""
+    for entry in preset.get("defaults", []):
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if key.removeprefix("override ").strip("/") == group:
+                    return value
+    return None
