@@ -29,6 +29,7 @@ BACKENDS = ("auto", "torch", "triton", "cpp")
 
 __all__ = [
     "BACKENDS",
+    "add_rms_norm",
     "GatherPlan",
     "SCORE_MODES",
     "PageSummary",
@@ -39,6 +40,7 @@ __all__ = [
     "gather_kv",
     "gather_plan",
     "paged_decode",
+    "qk_norm_rope",
     "resolve_backend",
     "select_pages",
     "selection_plan",
@@ -185,6 +187,24 @@ def sparse_decode(
         q, k_cache, v_cache, page_table, seq_lens, selected, scale=scale, backend=backend,
         validate=False,
     )  # fmt: skip
+
+
+def add_rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(x + residual, RMSNorm of it) in one Triton launch: CUDA (or the interpreter), fp16/bf16
+    rows (N, C). See norm_rope_triton.add_rms_norm."""
+    from .norm_rope_triton import add_rms_norm as fused
+
+    return fused(x, weight, eps, residual)
+
+
+def qk_norm_rope(qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
+    """Per-head RMSNorm (weight None: none) then RoPE of q and k heads (N, H, D) in one Triton
+    launch: CUDA (or the interpreter), fp16/bf16. See norm_rope_triton.qk_norm_rope."""
+    from .norm_rope_triton import qk_norm_rope as fused
+
+    return fused(qk, weight, cos, sin, eps)
 
 
 def resolve_backend(backend: str, q: Tensor) -> str:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sparrow.kernels import add_rms_norm, qk_norm_rope
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras
 from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
@@ -113,6 +114,12 @@ class DecoderModel:
         self.rope: Rope = rope_from_config(config, s.head_dim)
         self.rope.inv_freq = self.rope.inv_freq.to(device)
         self.dtype = dtype
+        # CUDA bf16/fp16: RMSNorm (+ residual add) and q/k norm + RoPE as one Triton launch each
+        # (kernels/norm_rope_triton.py, same rounding); elsewhere the torch ops above.
+        self.fused_norm_rope = torch.device(device).type == "cuda" and dtype in (
+            torch.bfloat16,
+            torch.float16,
+        )
 
         def new(*shape: int) -> Tensor:
             return torch.empty(shape, dtype=dtype, device=device)
@@ -269,23 +276,40 @@ class DecoderModel:
         num_qk_heads = s.num_q_heads + s.num_kv_heads
         cos, sin = self.rope.cos_sin(positions, self.dtype)  # (N, 1, D) each
         x = F.embedding(input_ids, self.embed)  # (N, hidden)
+        mlp_out = None  # the previous layer's MLP output, added to x by the next norm
         for i, w in enumerate(self.layers):
             d = None if lora is None else lora[i]
-            h = rms_norm(x, w.input_norm, s.rms_eps)
+            x, h = self._add_norm(x, mlp_out, w.input_norm)
             qkv = self._project(h, w.qkv, w.qkv_bias, d and d.qkv, lora_gate)
             qkv = qkv.view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
             qk, v = qkv[:, :num_qk_heads], qkv[:, num_qk_heads:]  # (N, H_q + H_kv, D), (N, H_kv, D)
-            if w.qk_norm is not None:
-                qk = rms_norm(qk, w.qk_norm, s.rms_eps)
-            qk = apply_rope(qk, cos, sin)  # q and k heads rotated together
+            qk = self._qk_norm_rope(qk, w.qk_norm, cos, sin)  # q and k heads together
             q, k = qk[:, : s.num_q_heads], qk[:, s.num_q_heads :]  # (N, H_q, D), (N, H_kv, D)
             o = attend(i, q, k, v)  # (N, H_q, D)
-            x = x + self._project(o.reshape(n, -1), w.o, w.o_bias, d and d.o, lora_gate)
-            h = rms_norm(x, w.post_norm, s.rms_eps)
+            attn_out = self._project(o.reshape(n, -1), w.o, w.o_bias, d and d.o, lora_gate)
+            x, h = self._add_norm(x, attn_out, w.post_norm)
             gate_up = self._project(h, w.gate_up, None, d and d.gate_up, lora_gate)
             gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
-            x = x + self._project(F.silu(gate) * up, w.down, None, d and d.down, lora_gate)
-        return x
+            mlp_out = self._project(F.silu(gate) * up, w.down, None, d and d.down, lora_gate)
+        return x + mlp_out
+
+    def _add_norm(
+        self, x: Tensor, residual: Tensor | None, weight: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """(x + residual, its RMSNorm) for (N, hidden) rows; residual None: nothing to add."""
+        eps = self.shape.rms_eps
+        if self.fused_norm_rope:
+            return add_rms_norm(x, weight, eps, residual)
+        x = x if residual is None else x + residual
+        return x, rms_norm(x, weight, eps)
+
+    def _qk_norm_rope(self, qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
+        """Qwen3's per-head RMSNorm (weight (H, D); None: Llama, no norm), then RoPE."""
+        if self.fused_norm_rope:
+            return qk_norm_rope(qk, weight, cos, sin, self.shape.rms_eps)
+        if weight is not None:
+            qk = rms_norm(qk, weight, self.shape.rms_eps)
+        return apply_rope(qk, cos, sin)
 
     def _project(
         self,
@@ -300,5 +324,5 @@ class DecoderModel:
         return y if delta is None else y + delta(x, gate)
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        hidden = rms_norm(hidden, self.final_norm, self.shape.rms_eps)
+        hidden = self._add_norm(hidden, None, self.final_norm)[1]
         return self.linear(hidden, self.lm_head).float()  # (B, V)

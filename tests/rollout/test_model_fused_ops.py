@@ -1,0 +1,46 @@
+"""The model's fused RMSNorm (+ residual) and q/k norm + RoPE path (used on CUDA for bf16/fp16)
+against its torch path, on CPU through the Triton interpreter: the same forward either way."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparrow.rollout.model import DecoderModel
+
+
+@pytest.fixture(autouse=True)
+def interpreted_kernels():
+    from sparrow.kernels import norm_rope_triton
+
+    if not norm_rope_triton.INTERPRETED:
+        pytest.skip("the fused kernels run on CPU only under TRITON_INTERPRET=1")
+
+
+def causal_attend(layer, q, k, v):
+    """Dense causal attention over the N tokens of one sequence: (N, H, D) in, (N, H_q, D) out."""
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        is_causal=True, enable_gqa=True,
+    )  # fmt: skip
+    return o[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_llama"])
+def test_fused_forward_equals_torch_forward(family, request):
+    lm = request.getfixturevalue(family)
+    model = DecoderModel(lm.model.config, lm.model.state_dict(), torch.bfloat16, "cpu")
+    assert not model.fused_norm_rope  # CPU: the torch ops by default
+    ids = torch.randint(
+        3, lm.model.config.vocab_size, (11,), generator=torch.Generator().manual_seed(0)
+    )
+    positions = torch.arange(11)
+    torch_hidden = model._forward(ids, positions, causal_attend)  # (N, hidden)
+    model.fused_norm_rope = True
+    fused_hidden = model._forward(ids, positions, causal_attend)
+    # The interpreter truncates bf16 casts (compiled kernels round): a few bf16 steps apart.
+    scale = torch_hidden.float().abs().max()
+    err = (fused_hidden.float() - torch_hidden.float()).abs().max()
+    assert err <= 0.03 * scale, (err, scale)
+    # Each layer's residual stream carries a norm of a different size: dropping a residual or a
+    # weight would move the output by O(scale), far past the tolerance.
+    assert torch.isfinite(fused_hidden).all() and scale > 0
