@@ -11,7 +11,8 @@ dense paged decode, over context lengths x budgets.
 On the cpp backend selection and attention are one fused call: select_ms and sparse_decode_ms are
 null, sparse_ms times the call; dense_ms is the torch paged decode (gather + SDPA) there.
 Bytes read count what each path must read: dense, every K/V token; sparse, the selected pages'
-K/V plus the page summaries that scoring reads (fp32 centroid, or min and max for Quest). On a GPU
+K/V plus the page summaries that scoring reads (centroid, or min and max for Quest; in the cache
+dtype on the Triton path, fp32 elsewhere). On a GPU
 the achieved fraction of HBM bandwidth is reported against --peak-tbps (default from the device
 name: 4.8 TB/s for an H200). Goals from issue 3, checked at the end on GPU: dense >= 75% of HBM
 bandwidth at the longest context, sparse decode >= 65% on its bytes, and per layer
@@ -39,7 +40,10 @@ from sparrow.kernels import (
 
 PEAK_TBPS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # vendor HBM bandwidth by name substring
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-SWEEP = [(ppi, warps, stages) for ppi in (2, 4, 8) for warps in (4, 8) for stages in (2, 3)]
+# (pages per iteration, warps, stages). The decode kernel pipelines by hand (two tiles in
+# registers), so stages do not change it, and 4+ pages per iteration spill at head dim 128
+# (`sparrow-bench kernel --aot` lists registers and spills of each config).
+SWEEP = [(ppi, warps, 2) for ppi in (1, 2) for warps in (4, 8)]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -96,7 +100,12 @@ def build_layer(args: argparse.Namespace, context: int, device: torch.device) ->
     shape = (num_pages, args.page_size, args.kv_heads, args.head_dim)
     k_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
     v_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
-    summary = PageSummary.empty(num_pages, args.kv_heads, args.head_dim, device)
+    # As the engine keeps them: the score mode's tables, in the cache dtype where Triton scores.
+    triton_scores = resolve_backend(args.backend, k_cache) == "triton"
+    summary = PageSummary.empty(
+        num_pages, args.kv_heads, args.head_dim, device,
+        score=args.score, dtype=dtype if triton_scores else torch.float32,
+    )  # fmt: skip
     for start in range(0, num_pages, 8192):  # chunks bound the fp32 copy of the keys
         ids = torch.arange(start, min(start + 8192, num_pages), device=device)
         fill = torch.full_like(ids, args.page_size)
@@ -144,7 +153,9 @@ def bench_context(args, context: int, device: torch.device, peak_tbps: float | N
     num_pages = table.shape[1]
     dense_bytes = args.batch * context * kv_bytes_per_token
     summary_tables = 2 if args.score == "quest" else 1
-    select_bytes = args.batch * num_pages * args.kv_heads * args.head_dim * 4 * summary_tables
+    summary_elem = layer["summary"].tables[0].element_size()
+    select_bytes = args.batch * num_pages * args.kv_heads * args.head_dim * summary_elem
+    select_bytes *= summary_tables
     resolved = resolve_backend(args.backend, q)
     backend = "torch" if resolved == "cpp" else resolved  # the separate ops' backend
 

@@ -188,7 +188,7 @@ class DecodeTiles:
 
 
 # Compiled GPUs: 2 pages (32 tokens) per iteration and 4 warps keep both K/V tiles of the two-deep
-# pipeline in registers without spills for head dim 128 (the AOT table in the issue-21 note).
+# pipeline in registers without spills for head dim 128 (`sparrow-bench kernel --aot`).
 DEFAULT_TILES = DecodeTiles(pages_per_iter=2, num_warps=4, num_stages=2)
 INTERPRETER_TILES = DecodeTiles(pages_per_iter=1, num_warps=4, num_stages=2)
 MAX_SPLITS = 32  # the merge kernel reads every split of a head in one tile

@@ -26,7 +26,7 @@ def select_pages_reference(
     num_recent: int = 2,
 ) -> list[list[list[int]]]:
     """Selected logical pages as nested lists [b][kv_head] -> ascending page indices."""
-    num_kv_heads = summary.k_mean.shape[1]
+    num_kv_heads = summary.num_kv_heads
     group = q.shape[1] // num_kv_heads
     result = []
     for b in range(q.shape[0]):

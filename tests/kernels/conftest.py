@@ -120,3 +120,38 @@ def sdpa_dense(batch):
 @pytest.fixture(name="sdpa_dense")
 def sdpa_dense_fixture():
     return sdpa_dense
+
+
+def close_to_magnitude(out, expected, rel):
+    """Assert |out - expected| <= rel * max|expected| per (sequence, head): a bf16/fp16 output is
+    rounded at its own scale, so the bound follows it. `rel` 2^-6 for bf16 fails attention that
+    dropped a tenth of its tokens (test_bf16_tolerance.py)."""
+    scale = expected.abs().amax(dim=-1, keepdim=True)  # (B, H_q, 1)
+    err = (out.double() - expected.double()).abs()
+    assert (err <= rel * scale).all(), f"max error / scale {(err / scale).max():.3g} > {rel}"
+
+
+@pytest.fixture(name="close_to_magnitude")
+def close_to_magnitude_fixture():
+    return close_to_magnitude
+
+
+def attention_dropping(batch, every: int = 10):
+    """Dense decode attention in float64 that leaves out every `every`-th token (0, 10, ...)."""
+    page_size, num_kv_heads = batch.page_size, batch.k_cache.shape[2]
+    group = batch.q.shape[1] // num_kv_heads
+    out = torch.empty(batch.q.shape, dtype=torch.float64)
+    for b, n in enumerate(batch.seq_lens.tolist()):
+        kept = torch.tensor([t for t in range(n) if t % every])  # (T,)
+        phys = batch.page_table[b].long()[kept // page_size]  # (T,)
+        keys = batch.k_cache[phys, kept % page_size].double().transpose(0, 1)  # (H_kv, T, D)
+        values = batch.v_cache[phys, kept % page_size].double().transpose(0, 1)
+        q = batch.q[b].double().view(num_kv_heads, group, 1, -1)  # (H_kv, G, 1, D)
+        o = F.scaled_dot_product_attention(q, keys[:, None], values[:, None])  # (H_kv, G, 1, D)
+        out[b] = o.reshape(out.shape[1:])
+    return out
+
+
+@pytest.fixture(name="attention_dropping")
+def attention_dropping_fixture():
+    return attention_dropping

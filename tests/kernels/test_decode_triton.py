@@ -126,3 +126,30 @@ def test_query_view_with_strided_heads(paged_batch):
     expected = attention_reference(q.contiguous(), *args[1:])
     out = paged_decode(*args, backend="triton")
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])  # 1: no merge, the split kernel writes the output
+def test_qwen3_1p7b_heads_bf16_engine_inputs(paged_batch, close_to_magnitude, num_splits):
+    """Group 2 (16 q / 8 KV heads, D 128), q as the engine's strided view of the rotated q/k
+    tensor, Quest summaries in bf16 (min/max only): selection equals the loop reference, decode
+    is within the bf16 bound of the float64 reference."""
+    from sparrow.kernels.reference import select_pages_reference
+
+    batch = paged_batch([70, 40], num_kv_heads=8, group=2, head_dim=128, dtype=torch.bfloat16)
+    qk = torch.randn(2, 24, 128, generator=torch.Generator().manual_seed(3)).bfloat16()
+    q = qk[:, :16]  # (B, H_q, D), row stride 24 * 128
+    summary = type(batch.summary)(
+        None, batch.summary.k_min.bfloat16(), batch.summary.k_max.bfloat16()
+    )
+    budgets = torch.tensor([3, 3], dtype=torch.int32)
+    selected = select_pages(q, summary, batch.page_table, batch.seq_lens, budgets, backend="triton")
+    counts = selected.num_selected.tolist()
+    got = [[selected.logical_pages[b, h, : counts[b]].tolist() for h in range(8)] for b in range(2)]
+    ref = select_pages_reference(
+        q, summary, batch.page_table, batch.seq_lens, budgets, score="quest"
+    )
+    assert got == ref
+    args = (q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens, selected)
+    out = decode_triton.paged_decode_triton(*args, 128**-0.5, num_splits=num_splits)
+    assert out.dtype == torch.bfloat16
+    close_to_magnitude(out, attention_reference(q.contiguous(), *args[1:]), 2**-6)

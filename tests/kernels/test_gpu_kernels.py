@@ -131,3 +131,101 @@ def test_page_ids_past_int32_element_offsets():
     by_triton = paged_decode(*args, backend="triton")
     by_torch = paged_decode(*args, backend="torch")
     torch.testing.assert_close(by_triton.float(), by_torch.float(), atol=1.5e-2, rtol=0)
+
+
+# --- Qwen3-1.7B decode shapes: 16 q / 8 KV heads (group 2), head dim 128, page 16 -------------
+
+QWEN17_LENS = [1000, 700, 257, 33]
+QWEN17_BUDGETS = [24, 9, 8, 3]  # sparse rows, and one with budget >= pages (dense)
+
+
+def engine_query(batch, num_q_heads, num_kv_heads, head_dim, dtype, seed=7):
+    """q as the engine passes it: the first H_q heads of the rotated (N, H_q + H_kv, D) q/k
+    tensor, a strided view (row stride (H_q + H_kv) * D)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (batch, num_q_heads + num_kv_heads, head_dim)
+    qk = torch.randn(shape, generator=gen, device="cuda").to(dtype)
+    return qk[:, :num_q_heads]
+
+
+def cache_dtype_summary(batch):
+    """The engine's Quest summaries: min/max only, in the cache dtype (the fixture's fp32 ones
+    rounded: the min/max of bf16/fp16 keys are exact in that dtype)."""
+    dtype = batch.k_cache.dtype
+    return type(batch.summary)(None, batch.summary.k_min.to(dtype), batch.summary.k_max.to(dtype))
+
+
+@pytest.mark.parametrize("dtype,rel", [(torch.bfloat16, 2**-6), (torch.float16, 2**-9)])
+def test_group2_strided_query_sparse_and_dense(paged_batch, close_to_magnitude, dtype, rel):
+    from sparrow.kernels.decode_triton import paged_decode_triton
+
+    batch = paged_batch(QWEN17_LENS, num_kv_heads=8, group=2, head_dim=128, dtype=dtype,
+                        device="cuda", strided_table=True)  # fmt: skip
+    q = engine_query(len(QWEN17_LENS), 16, 8, 128, dtype)
+    assert not q.is_contiguous() and q.stride(0) == 24 * 128
+    summary = cache_dtype_summary(batch)
+    budgets = torch.tensor(QWEN17_BUDGETS, dtype=torch.int32, device="cuda")
+    selected = select_pages(q, summary, batch.page_table, batch.seq_lens, budgets)
+    args = (q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens)
+    for chosen in (selected, None):
+        cpu = [t.cpu() for t in args]
+        sel_cpu = (
+            None
+            if chosen is None
+            else type(chosen)(chosen.logical_pages.cpu(), chosen.num_selected.cpu())
+        )
+        expected = attention_reference(*cpu, sel_cpu)
+        for num_splits in (None, 1, 5):  # 1: no merge kernel, the split writes the output
+            out = paged_decode_triton(*args, chosen, 128**-0.5, num_splits=num_splits)
+            assert out.dtype == dtype and torch.isfinite(out).all()
+            close_to_magnitude(out.cpu(), expected, rel)
+
+
+@pytest.mark.parametrize("group", [2, 4])
+def test_bf16_selection_from_cache_dtype_summaries_equals_reference(paged_batch, group):
+    batch = paged_batch(QWEN17_LENS, num_kv_heads=8, group=group, head_dim=128,
+                        dtype=torch.bfloat16, device="cuda", seed=group)  # fmt: skip
+    summary = cache_dtype_summary(batch)
+    assert summary.k_mean is None and summary.k_min.dtype == torch.bfloat16
+    budgets = torch.tensor(QWEN17_BUDGETS, dtype=torch.int32)
+    selected = select_pages(
+        batch.q, summary, batch.page_table, batch.seq_lens, budgets.cuda(), score="quest"
+    )
+    summary_cpu = type(summary)(None, summary.k_min.cpu(), summary.k_max.cpu())
+    expected = select_pages_reference(
+        batch.q.cpu(), summary_cpu, batch.page_table.cpu(), batch.seq_lens.cpu(), budgets,
+        score="quest",
+    )  # fmt: skip
+    counts = selected.num_selected.tolist()
+    pages = selected.logical_pages.cpu()
+    got = [[pages[b, h, : counts[b]].tolist() for h in range(8)] for b in range(len(counts))]
+    assert got == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_norm_and_rope_round_like_torch(dtype):
+    """Compiled kernels round to nearest like torch's ops: equal but for the fp32 sum order
+    (at most one step, on under 1% of the elements)."""
+    from sparrow.kernels import norm_rope_triton as nr
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = (3 * torch.randn(64, 2048, generator=gen, device="cuda")).to(dtype)
+    res = torch.randn(64, 2048, generator=gen, device="cuda").to(dtype)
+    w = (1 + 0.1 * torch.randn(2048, generator=gen, device="cuda")).to(dtype)
+    total, out = nr.add_rms_norm(x, w, 1e-6, res)
+    ref_total, ref_out = nr.add_rms_norm_reference(x, w, 1e-6, res)
+    assert torch.equal(total, ref_total)
+    step = 2**-7 if dtype == torch.bfloat16 else 2**-10
+    torch.testing.assert_close(out, ref_out, atol=0, rtol=step)
+    assert (out != ref_out).float().mean() < 0.01
+    qkv = torch.randn(64, 32, 128, generator=gen, device="cuda").to(dtype)
+    qk = qkv[:, :24]  # 16 q + 8 k heads of the fused projection
+    wq = (1 + 0.1 * torch.randn(24, 128, generator=gen, device="cuda")).to(dtype)
+    pos = torch.arange(64, device="cuda").float()[:, None]
+    freqs = pos / (1e6 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
+    cos = torch.cat((freqs.cos(), freqs.cos()), -1).to(dtype)[:, None]
+    sin = torch.cat((-freqs.sin(), freqs.sin()), -1).to(dtype)[:, None]
+    got = nr.qk_norm_rope(qk, wq, cos, sin, 1e-6)
+    ref = nr.qk_norm_rope_reference(qk, wq, cos, sin, 1e-6)
+    torch.testing.assert_close(got, ref, atol=2 * step, rtol=step)
+    assert (got != ref).float().mean() < 0.01

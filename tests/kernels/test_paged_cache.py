@@ -44,3 +44,23 @@ def test_write_kv_rejects_mismatched_shapes():
         write_kv(
             k_cache, k_cache.clone(), torch.randn(3, 1, 8), torch.randn(3, 1, 8), torch.arange(3)
         )
+
+
+@pytest.mark.parametrize("score", ["quest", "centroid"])
+def test_summaries_hold_only_what_the_score_reads_in_the_cache_dtype(score):
+    k_cache = (3 * torch.randn(4, 16, 2, 64)).bfloat16()
+    pages, fills = torch.tensor([0, 2, 3]), torch.tensor([16, 7, 1])
+    full = PageSummary.empty(4, 2, 64, "cpu")  # fp32, every table
+    update_page_summaries(k_cache, full, pages, fills)
+    small = PageSummary.empty(4, 2, 64, "cpu", score=score, dtype=torch.bfloat16)
+    update_page_summaries(k_cache, small, pages, fills)
+    assert [t.dtype for t in small.tables] == [torch.bfloat16] * len(small.tables)
+    if score == "quest":
+        assert small.k_mean is None
+        # min/max of bf16 keys are bf16 values: the half-size tables lose nothing.
+        assert torch.equal(small.k_min.float(), full.k_min)
+        assert torch.equal(small.k_max.float(), full.k_max)
+    else:
+        assert small.k_min is None and small.k_max is None
+        assert torch.equal(small.k_mean, full.k_mean.bfloat16())  # one rounding of the fp32 mean
+    assert small.num_kv_heads == 2
