@@ -13,7 +13,7 @@ Compiling needs Triton's CUDA backend and TRITON_INTERPRET unset; no GPU.
 
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -79,7 +79,7 @@ def engine_variants(shape: EngineShape) -> list[KernelVariant]:
 
     group = shape.num_q_heads // shape.num_kv_heads
     name = DTYPE_NAMES[shape.dtype]
-    tiles = dt.DEFAULT_TILES
+    tiles = dt.default_tiles(shape.dtype)
     out = []
     for dense in (True, False):
         for split_out in (True, False):
@@ -128,8 +128,12 @@ def sweep_variants() -> list[KernelVariant]:
 
 
 def aot_variants() -> list[KernelVariant]:
-    """Every distinct variant of the presets' engines and the kernel sweep, in a stable order."""
-    variants = [v for shape in preset_shapes() for v in engine_variants(shape)]
+    """Every distinct variant of the presets' engines (and of the engine's other dtypes) and of
+    the kernel sweep, in a stable order."""
+    shapes = preset_shapes()
+    # The engine also runs fp16 and fp32 (EngineConfig.dtype): those at the first preset's shape.
+    shapes += [replace(shapes[0], dtype=dtype) for dtype in (torch.float16, torch.float32)]
+    variants = [v for shape in shapes for v in engine_variants(shape)]
     variants += sweep_variants()
     return list(dict.fromkeys(variants))
 

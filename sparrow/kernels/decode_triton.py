@@ -187,12 +187,21 @@ class DecodeTiles:
     num_stages: int
 
 
-# Compiled GPUs: 2 pages (32 tokens) per iteration and 4 warps keep both K/V tiles of the two-deep
-# pipeline in registers without spills for head dim 128 (`sparrow-bench kernel --aot`).
+# Compiled GPUs: the largest tiles whose two-deep pipeline (both K/V tiles in registers) does not
+# spill at head dim 128 (`sparrow-bench kernel --aot`): 32 tokens x 4 warps in bf16/fp16, 16
+# tokens x 8 warps in fp32 (its 32-token tiles spill).
 DEFAULT_TILES = DecodeTiles(pages_per_iter=2, num_warps=4, num_stages=2)
+FP32_TILES = DecodeTiles(pages_per_iter=1, num_warps=8, num_stages=2)
 INTERPRETER_TILES = DecodeTiles(pages_per_iter=1, num_warps=4, num_stages=2)
 MAX_SPLITS = 32  # the merge kernel reads every split of a head in one tile
 MIN_ITERS_PER_SPLIT = 4  # below this, a split's prologue and the merge outweigh the parallelism
+
+
+def default_tiles(dtype: torch.dtype, interpreted: bool = False) -> DecodeTiles:
+    """The tiles the launcher uses unless told otherwise."""
+    if interpreted:
+        return INTERPRETER_TILES
+    return FP32_TILES if dtype == torch.float32 else DEFAULT_TILES
 
 
 def decode_constexprs(
@@ -266,7 +275,7 @@ def paged_decode_triton(
         )
     if page_size & (page_size - 1):
         raise ValueError(f"paged_decode(triton): PAGE_SIZE must be a power of 2, got {page_size}")
-    base = INTERPRETER_TILES if INTERPRETED else DEFAULT_TILES
+    base = default_tiles(q.dtype, INTERPRETED)
     tiles = DecodeTiles(
         pages_per_iter=pages_per_iter or base.pages_per_iter,
         num_warps=num_warps or base.num_warps,
