@@ -4,7 +4,9 @@ against its torch path, on CPU through the Triton interpreter: the same forward 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import sparrow.rollout.model as model_module
 from sparrow.rollout.model import DecoderModel
 
 
@@ -44,3 +46,48 @@ def test_fused_forward_equals_torch_forward(family, request):
     # Each layer's residual stream carries a norm of a different size: dropping a residual or a
     # weight would move the output by O(scale), far past the tolerance.
     assert torch.isfinite(fused_hidden).all() and scale > 0
+
+
+class KernelOpCounter(TorchDispatchMode):
+    """Counts aten ops that launch a kernel (allocations and views launch none)."""
+
+    FREE = ("empty", "view", "slice", "t.", "transpose", "unsqueeze", "expand", "split", "alias")
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func).removeprefix("aten.")
+        self.count += not name.startswith(self.FREE)
+        return func(*args, **(kwargs or {}))
+
+
+def test_fused_path_cuts_the_ops_of_norms_rope_and_residuals(tiny_qwen3, monkeypatch):
+    """Three fused launches replace the ~30 ops of three bf16 RMSNorms, RoPE and the two
+    residual adds per layer (the kernels are stubbed: only what the model itself launches)."""
+    launches = []
+
+    def norm_stub(x, weight, eps, residual=None):
+        launches.append("add_rms_norm")
+        return (x if residual is None else torch.empty_like(x)), torch.empty_like(x)
+
+    def rope_stub(qk, weight, cos, sin, eps):
+        launches.append("qk_norm_rope")
+        return torch.empty(qk.shape, dtype=qk.dtype)
+
+    monkeypatch.setattr(model_module, "add_rms_norm", norm_stub)
+    monkeypatch.setattr(model_module, "qk_norm_rope", rope_stub)
+    config = tiny_qwen3.model.config
+    model = DecoderModel(config, tiny_qwen3.model.state_dict(), torch.bfloat16, "cpu")
+    layers = model.shape.num_layers
+    ids, positions = torch.tensor([5, 6, 7]), torch.arange(3)
+    per_layer = {}
+    for fused in (False, True):
+        model.fused_norm_rope = fused
+        launches.clear()
+        with KernelOpCounter() as counter:
+            model._forward(ids, positions, lambda layer, q, k, v: q)
+        per_layer[fused] = (counter.count + len(launches)) / layers
+    assert len(launches) == 3 * layers  # input norm (+ residual), post norm + residual, q/k
+    assert per_layer[False] >= 35 and per_layer[True] <= 13, per_layer
