@@ -2,11 +2,15 @@
 
 Pass 1: one program per (sequence, KV head, split) takes the whole GQA query group (padded to 16
 rows for tl.dot), walks its share of the selected pages PAGES_PER_ITER pages at a time with an fp32
-online softmax, and writes a normalised partial output and its log-sum-exp (base 2). Pass 2 merges
-the splits of each (sequence, query head) by log-sum-exp. Dense decode is the same kernel with
-every page selected (DENSE skips the selection table). Under TRITON_INTERPRET=1 (CPU tests) keys
-and values are upcast to fp32 because the interpreter's bf16 arithmetic is wrong; the env var is
-read when this module is imported, so set it before.
+online softmax, and writes a normalised partial output and its log-sum-exp (base 2). The walk is
+pipelined by hand, two deep: each tile's page ids are loaded once (one sel -> page_table gather per
+page, not per token lane) two iterations ahead, and the next tile's K/V loads are issued before
+the current tile is computed. Pass 2 merges the splits of each (sequence, query head) by
+log-sum-exp; with one split (`choose_num_splits`: the rows alone fill the GPU, or rows too short
+to split) pass 1 writes the output directly and pass 2 is skipped. Dense decode is the same kernel
+with every page selected (DENSE skips the selection table). Under TRITON_INTERPRET=1 (CPU tests)
+keys and values are upcast to fp32 because the interpreter's bf16 arithmetic is wrong; the env var
+is read when this module is imported, so set it before.
 """
 
 import math

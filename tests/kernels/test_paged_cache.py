@@ -64,3 +64,17 @@ def test_summaries_hold_only_what_the_score_reads_in_the_cache_dtype(score):
         assert small.k_min is None and small.k_max is None
         assert torch.equal(small.k_mean, full.k_mean.bfloat16())  # one rounding of the fp32 mean
     assert small.num_kv_heads == 2
+
+
+def test_selection_refuses_summaries_its_mode_or_backend_cannot_read():
+    from sparrow.kernels import select_pages
+
+    summary = PageSummary.empty(4, 1, 16, "cpu", score="quest")  # min/max only
+    q, table = torch.randn(1, 2, 16), torch.tensor([[0, 1, 2, 3]], dtype=torch.int32)
+    lens, budgets = torch.tensor([64], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="centroid scoring needs"):
+        select_pages(q, summary, table, lens, budgets, score="centroid", backend="torch")
+    half = PageSummary.empty(4, 1, 16, "cpu", score="quest", dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="fp32 page summaries"):
+        select_pages(q.bfloat16(), half, table, lens, budgets, score="quest", backend="torch")
+    assert select_pages(q, summary, table, lens, budgets, backend="torch").num_selected == 3
