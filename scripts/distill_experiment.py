@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from sparrow.batch import collate_rollouts
+from sparrow.rl.batch import collate_rollouts
 from sparrow.control.acceptance import bin_acceptance, exact_acceptance
 from sparrow.control.controller import ControllerConfig, OnlineController
 from sparrow.control.schedule import BudgetSchedule

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sparrow.batch import RolloutBatch
+from sparrow.rl.batch import RolloutBatch
 from sparrow.distill.loss import distill_loss
 from sparrow.distill.sparse_policy import SparsePolicy
 from sparrow.rollout.paged_attention import SparseAttentionConfig

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sparrow.batch import RolloutBatch
+from sparrow.rl.batch import RolloutBatch
 from sparrow.config import SparrowConfig
 from sparrow.control.acceptance import (
     AcceptanceMonitor,

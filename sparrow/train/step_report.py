@@ -3,7 +3,7 @@ evaluation."""
 
 import math
 
-from sparrow.batch import RolloutBatch
+from sparrow.rl.batch import RolloutBatch
 from sparrow.config import SparrowConfig
 from sparrow.tasks.rewards import BatchScores
 

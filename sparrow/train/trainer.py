@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sparrow.batch import RolloutBatch, collate_rollouts
+from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.config import SparrowConfig
 from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup

@@ -11,7 +11,7 @@ import pytest
 import torch
 from sparse_rollouts import dense_logprobs, make_rollout
 
-from sparrow.batch import collate_rollouts
+from sparrow.rl.batch import collate_rollouts
 from sparrow.distill import DistillConfig, DistillSparse
 from sparrow.rollout.engine import SamplingParams
 

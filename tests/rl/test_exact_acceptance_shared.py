@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from sparrow.batch import RolloutBatch
+from sparrow.rl.batch import RolloutBatch
 from sparrow.control.acceptance import exact_acceptance
 from sparrow.models.loading import tiny_model_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine

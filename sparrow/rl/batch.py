@@ -4,7 +4,8 @@ Alignment rule: the token at absolute position t of a sample (prompt + completio
 from the distribution conditioned on tokens < t, and every per-token array is aligned to the
 position of the token it describes. So `sampled_logprobs[b, t]` is the rollout policy's log-prob
 of `input_ids[b, t]`, to be compared with the actor's log-softmax of logits[b, t - 1].
-Leaf module: `collate_rollouts` reads the engine's outputs by attribute, without importing it.
+Part of the RL algorithm's data, not of rollout/: `collate_rollouts` reads the engine's outputs by
+attribute, without importing it, so the engine never depends on the algorithm.
 """
 
 from collections.abc import Sequence
