@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sparrow.rl.batch import RolloutBatch
 from sparrow.distill.loss import distill_loss
 from sparrow.distill.sparse_policy import SparsePolicy
+from sparrow.rl.batch import RolloutBatch
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
 

@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sparrow.rl.batch import RolloutBatch
 from sparrow.config import SparrowConfig
 from sparrow.control.acceptance import (
     AcceptanceMonitor,
@@ -21,6 +20,7 @@ from sparrow.control.acceptance import (
     flatten_completion,
     topk_acceptance_bound,
 )
+from sparrow.rl.batch import RolloutBatch
 from sparrow.train.exact_acceptance import exact_batch_acceptance
 
 

@@ -3,8 +3,8 @@ evaluation."""
 
 import math
 
-from sparrow.rl.batch import RolloutBatch
 from sparrow.config import SparrowConfig
+from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
 
 

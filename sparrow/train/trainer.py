@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.config import SparrowConfig
 from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
@@ -33,6 +32,7 @@ from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models.loading import load_model
 from sparrow.rl.actor import DenseActor, split_micro_batches
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
+from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator, load_prompts
