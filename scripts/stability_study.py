@@ -85,7 +85,7 @@ QUICK_OVERRIDES = (
     "rl.eval.every=6",
     "schedule.budgets_pages=[16]",
     "controller.patience=2",
-    "deepspeed.lr=3e-5",
+    "actor.lr=3e-5",
 )
 
 

@@ -1,7 +1,7 @@
 """The run configuration: one typed dataclass tree, composed by Hydra at the CLI edge.
 
 Each component owns its config dataclass (fields documented there); this module only groups them
-the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, deepspeed, distill,
+the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, actor, distill,
 logger) and adds the run-level fields. Library code receives these dataclasses, never a DictConfig.
 """
 
@@ -87,7 +87,7 @@ class SparrowConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     rl: RLConfig = field(default_factory=RLConfig)
-    deepspeed: ActorConfig = field(default_factory=ActorConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)  # the dense policy's trainer (DeepSpeed)
     distill: DistillConfig = field(default_factory=DistillConfig)  # LoRA for the sparse policy
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy

@@ -1,6 +1,6 @@
 """DistillSparse: one adapter update per RL step, after the dense update (DESIGN.md §1, step 5).
 
-    distill = DistillSparse(cfg.distill, model, engine.runner.kv.cfg, actor_lr=cfg.deepspeed.lr)
+    distill = DistillSparse(cfg.distill, model, engine.runner.kv.cfg, actor_lr=cfg.actor.lr)
     ...  # after the dense GRPO update of theta:
     distill.load_base(theta_state_dict)          # theta frozen inside the sparse policy
     metrics = distill.step(batch, dense.token_logprobs, advantages_tok, temperature)
