@@ -128,7 +128,7 @@ class GRPOTrainer:
         self.shape = ModelShape.from_hf_config(loaded.model.config, dtype_bytes=4)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
-        self.acceptance = AcceptanceMetrics(cfg.schedule.bin_tokens, self.ranks)
+        self.acceptance = AcceptanceMetrics(cfg.monitor.bin_tokens, self.ranks)
         self.monitor = self.acceptance.monitor  # this step's acceptance, as the controller saw it
         self.step = 0
         self.nonfinite_streak = 0
