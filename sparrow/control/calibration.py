@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from sparrow.control.acceptance import BinStats, bin_acceptance, exact_acceptance
+from sparrow.control.kv_read import dense_pages, kv_read_ratio
 from sparrow.control.schedule import BudgetSchedule
 
 
@@ -47,7 +48,7 @@ class AcceptanceSample:
 
     @property
     def kv_read_ratio(self) -> float:
-        return self.pages_read / max(self.pages_dense, 1)
+        return kv_read_ratio(self.pages_read, self.pages_dense)
 
 
 @torch.no_grad()
@@ -68,13 +69,13 @@ def measure_acceptance(
         dense = F.log_softmax(logits[i].float() / t, -1)  # (T, V)
         sparse = F.log_softmax(logits[k + i].float() / t, -1)  # (T, V)
         positions = len(prompt) + torch.arange(len(out.token_ids))  # (T,)
-        dense_pages = int(torch.div(positions + page - 1, page, rounding_mode="floor").sum())
+        pages_dense = int(dense_pages(positions, page).sum())
         samples.append(
             AcceptanceSample(
                 [exact_acceptance(dense, sparse)],
                 [positions],
                 int(out.budget_pages.sum()),
-                dense_pages,
+                pages_dense,
             )
         )
     return samples

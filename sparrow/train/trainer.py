@@ -27,7 +27,7 @@ import torch
 from sparrow.config import SparrowConfig
 from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
-from sparrow.control.kv_read import kv_pages
+from sparrow.control.kv_read import kv_pages, kv_read_ratio
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models.loading import load_model
 from sparrow.rl.actor import DenseActor, LogprobOutput, split_micro_batches
@@ -365,7 +365,7 @@ class GRPOTrainer:
         """Pages read by sparse layers over the pages a dense decode would read, all ranks."""
         page_size = self.cfg.rollout.engine.page_size
         read, dense = kv_pages(batch.budget_pages, batch.completion_mask, page_size)
-        return {"kv_read_ratio": self.ranks.sum(read) / max(self.ranks.sum(dense), 1.0)}
+        return {"kv_read_ratio": kv_read_ratio(self.ranks.sum(read), self.ranks.sum(dense))}
 
     def _log_histograms(self, histograms: dict[str, list[float]]) -> None:
         for name, values in histograms.items():

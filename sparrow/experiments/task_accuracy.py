@@ -1,8 +1,8 @@
 """Accuracy of a model on an embedded task (greedy and sampled), with 95% Wilson intervals, and
 the prompt-length distribution of a task: the figures behind the default task's choice.
 
-    python scripts/task_accuracy.py --n 200 --temperatures 0 1
-    python scripts/task_accuracy.py --task long_context --lengths-only --n 1000
+    python -m sparrow.experiments.task_accuracy --n 200 --temperatures 0 1
+    python -m sparrow.experiments.task_accuracy --task long_context --lengths-only --n 1000
 """
 
 import argparse

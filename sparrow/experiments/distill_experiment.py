@@ -20,9 +20,10 @@ the engine (theta in its weights, phi as an unmerged LoRA: `LLMEngine.set_lora`)
 attended tokens keep the dense policy; `--no-gate`: phi merged into theta, at every token (the
 runs written up in docs/distill/ before the gate existed).
 
-    python scripts/distill_experiment.py --steps 1 --eval-prompts 2 --prompts-per-step 2 \
-        --group-size 2 --max-new-tokens 40 --budget-pages 3 --online-steps 2  # smoke, ~2 min
-    python scripts/distill_experiment.py --out runs/distill_experiment.json      # full, ~30 min
+    python -m sparrow.experiments.distill_experiment --steps 1 --eval-prompts 2 \
+        --prompts-per-step 2 --group-size 2 --max-new-tokens 40 --budget-pages 3 \
+        --online-steps 2  # smoke, ~2 min
+    python -m sparrow.experiments.distill_experiment --out runs/distill.json  # full, ~30 min
 
 Defaults: pure distillation with the top-K KL (pg_coef 0, lambda_k3 0, lambda_kl 1), which
 isolates the tail effect in a CPU-sized run; `--lambda-kl 0 --lambda-k3 1` is the k3-only run
@@ -38,13 +39,14 @@ from pathlib import Path
 
 import torch
 
-from sparrow.rl.batch import collate_rollouts
 from sparrow.control.acceptance import bin_acceptance, exact_acceptance
 from sparrow.control.controller import ControllerConfig, OnlineController
+from sparrow.control.kv_read import dense_pages, kv_read_ratio
 from sparrow.control.schedule import BudgetSchedule
 from sparrow.distill import DistillConfig, DistillSparse
 from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rl.advantages import AdvantageConfig, broadcast_to_tokens, make_advantage_fn
+from sparrow.rl.batch import collate_rollouts
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 from sparrow.tasks.data import DataConfig, PromptIterator, load_prompts
 from sparrow.tasks.rewards import RewardConfig, build_reward, score_batch
@@ -128,7 +130,7 @@ class Experiment:
         self.engine = LLMEngine(self.model, self.tokenizer, cfg)
         self.grid = pages_list(args.grid)
         fixed = BudgetSchedule(
-            args.bin_tokens, pages_list(args.budget_pages), self.grid, page_size=16
+            args.bin_tokens, pages_list(args.budget_pages), self.grid, page_size=cfg.page_size
         )
         self.sparse_schedule = fixed.budget_pages
         self.use_adapter = True  # False: the sparse policy is theta alone (phi = 0)
@@ -261,7 +263,8 @@ class Experiment:
         One record per step."""
         args = self.args
         start = pages_list(args.online_start) if args.online_start else self.grid[:1]
-        schedule = BudgetSchedule(args.bin_tokens, start, self.grid, page_size=16)
+        page_size = self.engine.cfg.page_size
+        schedule = BudgetSchedule(args.bin_tokens, start, self.grid, page_size=page_size)
         controller = OnlineController(
             schedule, ControllerConfig(tau=args.tau, min_tokens=args.min_tokens)
         )
@@ -279,12 +282,12 @@ class Experiment:
             )
             stats = bin_acceptance(values, positions, args.bin_tokens)
             pages_read = sum(int(o.budget_pages.sum()) for o in outs)
-            pages_dense = int(torch.div(positions + 15, 16, rounding_mode="floor").sum())
+            pages_dense = int(dense_pages(positions, page_size).sum())
             controller.update(stats)
             record = {
                 "step": step + 1,
                 "budgets_pages": list(budgets),
-                "kv_read_ratio": pages_read / max(pages_dense, 1),
+                "kv_read_ratio": kv_read_ratio(pages_read, pages_dense),
                 "p5": {s.bin_index: s.p5 for s in stats},
                 "tokens": int(len(values)),
             }

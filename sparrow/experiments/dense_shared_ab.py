@@ -1,8 +1,10 @@
 """Dense decode of samples of one prompt: shared pages through the fused kernel (the engine's
 choice since cfbbe83) against per-row contiguous copies (forced), alternating in one process.
 
-    python scripts/dense_shared_ab.py --context 2458 --samples 4 --new-tokens 256 --rounds 5
-    python scripts/dense_shared_ab.py --context 4096 --samples 8 --new-tokens 128 --rounds 4
+    python -m sparrow.experiments.dense_shared_ab --context 2458 --samples 4 \
+        --new-tokens 256 --rounds 5
+    python -m sparrow.experiments.dense_shared_ab --context 4096 --samples 8 \
+        --new-tokens 128 --rounds 4
 
 Prints decode tokens/s per round for each path (SmolLM2, fp32, random prompt tokens, T = 1).
 Only the ratio within one run means anything on a shared VM.

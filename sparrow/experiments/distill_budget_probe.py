@@ -5,19 +5,17 @@ acceptance of those same tokens with and without the adapter (paired), per posit
 adapter trained at one budget corrects that budget's attention error; at a larger budget the
 error is smaller and the same correction can overshoot, which this measures.
 
-    python scripts/distill_budget_probe.py --load-adapter runs/adapter_lr6e-4.pt \
+    python -m sparrow.experiments.distill_budget_probe --load-adapter runs/adapter_lr6e-4.pt \
         --budgets 4,5,6 --eval-prompts 32 --out runs/budget_probe.json   # ~5 min
 """
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import distill_experiment as experiment  # noqa: E402
+from sparrow.experiments import distill_experiment as experiment
 
 
 def main() -> None:

@@ -8,13 +8,13 @@ again continues an interrupted run and skips a run whose final checkpoint exists
 with --report) `sparrow-report` overlays the runs and a markdown table goes into
 docs/stability/README.md (between its study-table markers).
 
-    python scripts/stability_study.py --background       # start (or continue) in the background
-    python scripts/stability_study.py --status           # one status line per run
-    python scripts/stability_study.py --report           # table and plots from what is logged
-    python scripts/stability_study.py --distill          # also 0.80 + DistillSparse
-    python scripts/stability_study.py --short            # shorter documents (~800-token prompts)
-    python scripts/stability_study.py --quick --jobs 2   # ~450-token prompts, 12 steps, 2 at once
-    python scripts/stability_study.py --preset tiny --runs dense,tau086 -- rl.steps=2
+    python -m sparrow.experiments.stability_study --background  # start or continue, detached
+    python -m sparrow.experiments.stability_study --status      # one status line per run
+    python -m sparrow.experiments.stability_study --report      # table and plots from the logs
+    python -m sparrow.experiments.stability_study --distill     # also 0.80 + DistillSparse
+    python -m sparrow.experiments.stability_study --short       # ~800-token prompts
+    python -m sparrow.experiments.stability_study --quick --jobs 2  # ~450-token prompts, 2 at once
+    python -m sparrow.experiments.stability_study --preset tiny --runs dense,tau086 -- rl.steps=2
 
 Arguments after `--` are Hydra overrides handed to every run.
 """
@@ -31,20 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.bench.stability_table import (  # noqa: F401 (the table's API, used by the tests)
-    TABLE_BEGIN,
-    TABLE_END,
-    _rollout_tok_s,
-    _rows_by_step,
-    _wall_s,
-    format_table,
-    summarize,
-    write_report,
-)
+from sparrow.bench.stability_table import _rows_by_step, _wall_s, write_report
 from sparrow.cli.config_loader import ConfigError, compose_dict
 from sparrow.train.checkpoint import verify
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -315,7 +306,7 @@ def _start_background(root: Path, argv: list[str]) -> int:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "study.log", "a") as log:  # the child holds its own copy of the file
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), *argv],
+            [sys.executable, "-m", "sparrow.experiments.stability_study", *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
