@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.bench.stability_table import _rows_by_step, _wall_s, write_report
 from sparrow.cli.config_loader import ConfigError, compose_dict
+from sparrow.experiments.stability_table import _rows_by_step, _wall_s, write_report
 from sparrow.train.checkpoint import verify
 
 REPO = Path(__file__).resolve().parents[2]

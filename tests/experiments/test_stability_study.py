@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparrow.bench import stability_table as table
 from sparrow.experiments import stability_study
+from sparrow.experiments import stability_table as table
 
 
 @pytest.fixture(scope="module")
