@@ -2,7 +2,7 @@
 pick per bin the cheapest budget that keeps p5 >= tau (the paper's offline lookup table).
 
 Two ways to land on a schedule, both over a frozen policy (the tail depends on model, sparsity
-and position, hardly on training progress: DESIGN.md §1):
+and position, hardly on training progress: docs/DESIGN.md §1):
 - `sweep_budgets` + `cheapest_schedule` (offline, `sparrow-calibrate`): every prompt is rolled out
   at every budget of the grid (`samples` sparse samples per budget, all from one shared prefill),
   then each sample is teacher-forced twice, densely and at its budget, in one `score` call that

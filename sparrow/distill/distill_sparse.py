@@ -1,4 +1,5 @@
-"""DistillSparse: one adapter update per RL step, after the dense update (DESIGN.md §1, step 5).
+"""DistillSparse: one adapter update per RL step, after the dense update (docs/DESIGN.md
+§1 and §3).
 
     distill = DistillSparse(cfg.distill, model, engine.runner.kv.cfg, actor_lr=cfg.actor.lr)
     ...  # after the dense GRPO update of theta:

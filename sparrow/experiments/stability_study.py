@@ -50,7 +50,7 @@ RUNS = (
     StudyRun("tau092", ("schedule.mode=online", "controller.tau=0.92"), "online, tau 0.92"),
     StudyRun("tau086", ("schedule.mode=online", "controller.tau=0.86"), "online, tau 0.86"),
     StudyRun("tau080", ("schedule.mode=online", "controller.tau=0.80"), "online, tau 0.80"),
-    # 8 pages = 128 tokens: p5 ~0.59 on SmolLM2 at 2K context (DESIGN.md §5), far below 0.75.
+    # 8 pages = 128 tokens: p5 ~0.59 on SmolLM2 at 2K context (docs/DESIGN.md §5), far below 0.75.
     StudyRun(
         "fixed_b8",
         ("schedule.mode=fixed", "schedule.budgets_pages=[8]"),
