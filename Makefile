@@ -33,5 +33,5 @@ test: setup
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check sparrow tests scripts
-	$(VENV)/bin/ruff format --check sparrow tests scripts
+	$(VENV)/bin/ruff check sparrow tests
+	$(VENV)/bin/ruff format --check sparrow tests

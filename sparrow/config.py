@@ -1,7 +1,7 @@
 """The run configuration: one typed dataclass tree, composed by Hydra at the CLI edge.
 
 Each component owns its config dataclass (fields documented there); this module only groups them
-the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, deepspeed, distill,
+the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, actor, distill,
 logger) and adds the run-level fields. Library code receives these dataclasses, never a DictConfig.
 """
 
@@ -87,10 +87,40 @@ class SparrowConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     rl: RLConfig = field(default_factory=RLConfig)
-    deepspeed: ActorConfig = field(default_factory=ActorConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)  # the dense policy's trainer
     distill: DistillConfig = field(default_factory=DistillConfig)  # LoRA for the sparse policy
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
     seed: int = 0  # seeds torch, python and numpy (and so sampling) on every rank
     resume: str = "auto"  # auto: newest complete checkpoint in run_dir if any | never | a path
     dry_run: bool = False  # load model and data, print the plan, stop before training
+
+    def __post_init__(self):
+        check_shared_knobs(self)
+
+
+def check_shared_knobs(cfg: SparrowConfig) -> None:
+    """Refuse, in one line, a run whose components would disagree about a knob they share.
+
+    conf/ derives each from one place (the engine's page size from the schedule, the monitor's
+    bins from the schedule, the engine's recorded top-K from the monitor); an override of one
+    copy alone lands here instead of running with a silent mismatch (e.g. the cost model
+    converting pages to tokens with the wrong page size).
+    """
+    shared = [
+        ("rollout.engine.page_size", cfg.rollout.engine.page_size, "schedule.page_size",
+         cfg.schedule.page_size),
+        ("monitor.bin_tokens", cfg.monitor.bin_tokens, "schedule.bin_tokens",
+         cfg.schedule.bin_tokens),
+        ("rollout.engine.topk_logprobs", cfg.rollout.engine.topk_logprobs, "monitor.top_k",
+         cfg.monitor.top_k),
+    ]  # fmt: skip
+    for name, value, source, expected in shared:
+        if value != expected:
+            raise ValueError(f"{name}={value} differs from {source}={expected}: set {source} alone")
+    if cfg.rl.loss.kl_coef != 0:
+        # The paper's recipe uses no KL term; a reference policy would cost a third forward.
+        raise ValueError(
+            f"rl.loss.kl_coef={cfg.rl.loss.kl_coef}: sparrow keeps no reference policy for a KL "
+            "term; use rl.loss.kl_coef=0"
+        )

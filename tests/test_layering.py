@@ -1,4 +1,12 @@
-"""Import boundaries of DESIGN.md §3, checked statically so a violation fails CI."""
+"""Import boundaries and the dependency direction (docs/DESIGN.md, "Layout"), checked statically
+so that a violation fails CI.
+
+The direction: kernels -> rollout -> control -> rl -> distill -> train -> cli -> bench/experiments.
+A package imports only packages of a lower rank (and itself); packages of one rank do not import
+each other. `models` (loading weights) and `tasks` (prompts, rewards) depend on no other part of
+sparrow, so they sit at the bottom beside kernels; `config.py` composes every component's config
+and belongs to train; `malloc.py` is a leaf. No import cycle among the modules.
+"""
 
 import ast
 from pathlib import Path
@@ -7,52 +15,166 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "sparrow"
 
+RANK = {
+    "kernels": 0,
+    "models": 0,
+    "tasks": 0,
+    "malloc": 0,
+    "rollout": 1,
+    "control": 2,
+    "rl": 3,
+    "distill": 4,
+    "train": 5,
+    "cli": 6,
+    "bench": 7,
+    "experiments": 7,
+}
+
 
 def _imports(path: Path, root: Path = PKG.parent) -> set[str]:
+    """Every module name `path` imports, at any depth (deferred imports in functions too);
+    `from pkg import name` also yields `pkg.name`, which `_module_graph` keeps if it is a file."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-        elif isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = ".".join(path.relative_to(root).with_suffix("").parts[: -node.level])
-            names.add(f"{base}.{node.module}" if node.module else base)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module
+            else:
+                parts = path.relative_to(root).with_suffix("").parts
+                if path.name == "__init__.py":
+                    parts = parts[:-1] + ("__init__",)
+                base = ".".join(parts[: -node.level] + ((node.module,) if node.module else ()))
+            if base:
+                names.add(base)
+                names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
 
 
-def _files():
-    return sorted(PKG.rglob("*.py"))
+def _files(pkg: Path = PKG):
+    return sorted(pkg.rglob("*.py"))
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(PKG.parent).as_posix()
+def _rel(path: Path, root: Path = PKG.parent) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _component(module: str) -> str | None:
+    """The ranked part of sparrow a module belongs to (`sparrow.rl.losses` -> "rl"); the run's
+    config composes every component's config for the trainer, so it belongs to train."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "sparrow":
+        return None
+    return "train" if parts[1] == "config" else parts[1]
+
+
+def direction_violations(path: Path, root: Path = PKG.parent) -> set[str]:
+    """The sparrow modules `path` imports against the dependency direction."""
+    own = _component(_module(path, root))
+    if own is None:  # sparrow/__init__.py
+        return set()
+    bad = set()
+    for name in _imports(path, root):
+        other = _component(name)
+        if other is None or other == own or name == "sparrow." + other + ".__init__":
+            continue
+        if other not in RANK:
+            bad.add(f"{name} (unranked)")
+        elif own not in RANK or RANK[other] >= RANK[own]:
+            bad.add(name)
+    return bad
+
+
+def _module_graph(pkg: Path) -> dict[str, set[str]]:
+    root = pkg.parent
+    modules = {_module(p, root): p for p in _files(pkg)}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {n for n in _imports(path, root) if n in modules and n != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph, as the list of modules around it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep) :] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
 
 
 @pytest.mark.parametrize("path", _files(), ids=_rel)
 def test_import_boundaries(path):
     rel = _rel(path)
-    imports = _imports(path)
-    roots = {name.split(".")[0] for name in imports}
+    roots = {name.split(".")[0] for name in _imports(path)}
     if "triton" in roots:
         assert rel.startswith("sparrow/kernels/"), f"{rel}: triton outside sparrow/kernels/"
     if "deepspeed" in roots:
         assert rel == "sparrow/rl/actor.py", f"{rel}: deepspeed outside the actor module"
     if roots & {"hydra", "omegaconf"}:
         assert rel.startswith("sparrow/cli/"), f"{rel}: Hydra outside the CLI edge"
-    if rel.startswith("sparrow/kernels/"):
-        inner = {
-            n for n in imports if n.startswith("sparrow.") and not n.startswith("sparrow.kernels")
-        }
-        assert not inner, f"{rel}: kernels import {inner}"
-    if rel.startswith("sparrow/rollout/"):
-        bad = {n for n in imports if n.startswith(("sparrow.rl", "sparrow.distill"))}
-        assert not bad, f"{rel}: rollout imports {bad}"
+
+
+@pytest.mark.parametrize("path", _files(), ids=_rel)
+def test_dependency_direction(path):
+    bad = direction_violations(path)
+    assert not bad, f"{_rel(path)} imports against kernels -> ... -> cli: {sorted(bad)}"
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(_module_graph(PKG))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_package_is_ranked():
+    parts = {p.stem if p.is_file() else p.name for p in PKG.iterdir() if not p.name.startswith("_")}
+    parts = {p for p in parts if (PKG / p).is_dir() or (PKG / f"{p}.py").is_file()}
+    assert parts - {"config"} <= set(RANK), f"place {sorted(parts - set(RANK))} in RANK"
 
 
 def test_layering_check_sees_violations(tmp_path):
-    """The checker itself must notice an import, or the policy test could never fail."""
-    fake = tmp_path / "sparrow" / "kernels" / "probe.py"
-    fake.parent.mkdir(parents=True)
-    fake.write_text("import sparrow.rl.losses\nfrom ..rollout import engine\n")
-    assert {"sparrow.rl.losses", "sparrow.rollout"} <= _imports(fake, root=tmp_path)
+    """The checkers themselves must notice a backward import and a cycle, or the policy tests
+    above could never fail."""
+    pkg = tmp_path / "sparrow"
+    for name in ("rollout", "rl", "tasks"):
+        (pkg / name).mkdir(parents=True)
+        (pkg / name / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    # rollout importing the algorithm, absolutely and relatively: both against the direction.
+    probe = pkg / "rollout" / "probe.py"
+    probe.write_text("import sparrow.rl.losses\nfrom ..rl import actor\nfrom . import sibling\n")
+    assert direction_violations(probe, root=tmp_path) == {
+        "sparrow.rl.losses",
+        "sparrow.rl",
+        "sparrow.rl.actor",
+    }
+    # The forward direction passes.
+    (pkg / "rl" / "ok.py").write_text("from sparrow.rollout import probe\n")
+    assert direction_violations(pkg / "rl" / "ok.py", root=tmp_path) == set()
+    # A deferred import that closes a loop is a cycle.
+    (pkg / "tasks" / "a.py").write_text("from sparrow.tasks.b import x\n")
+    (pkg / "tasks" / "b.py").write_text("def f():\n    from sparrow.tasks import a\n")
+    cycle = find_cycle(_module_graph(pkg))
+    assert cycle is not None and {"sparrow.tasks.a", "sparrow.tasks.b"} <= set(cycle)
+    (pkg / "tasks" / "b.py").write_text("x = 1\n")
+    assert find_cycle(_module_graph(pkg)) is None

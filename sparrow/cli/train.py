@@ -3,7 +3,7 @@
     sparrow-train                          # the embedded CPU default (SmolLM2, arithmetic task)
     sparrow-train preset=smoke             # 2 steps of a tiny random model
     sparrow-train preset=tiny --cfg job    # print the composed config and exit
-    sparrow-train rl.steps=50 deepspeed.lr=1e-6 schedule=qwen3_1p7b_tau086
+    sparrow-train rl.steps=50 actor.lr=1e-6 schedule=qwen3_1p7b_tau086
 
 Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
 

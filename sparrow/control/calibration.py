@@ -2,7 +2,7 @@
 pick per bin the cheapest budget that keeps p5 >= tau (the paper's offline lookup table).
 
 Two ways to land on a schedule, both over a frozen policy (the tail depends on model, sparsity
-and position, hardly on training progress: DESIGN.md §1):
+and position, hardly on training progress: docs/DESIGN.md §1):
 - `sweep_budgets` + `cheapest_schedule` (offline, `sparrow-calibrate`): every prompt is rolled out
   at every budget of the grid (`samples` sparse samples per budget, all from one shared prefill),
   then each sample is teacher-forced twice, densely and at its budget, in one `score` call that
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from sparrow.control.acceptance import BinStats, bin_acceptance, exact_acceptance
+from sparrow.control.kv_read import dense_pages, kv_read_ratio
 from sparrow.control.schedule import BudgetSchedule
 
 
@@ -47,7 +48,7 @@ class AcceptanceSample:
 
     @property
     def kv_read_ratio(self) -> float:
-        return self.pages_read / max(self.pages_dense, 1)
+        return kv_read_ratio(self.pages_read, self.pages_dense)
 
 
 @torch.no_grad()
@@ -68,13 +69,13 @@ def measure_acceptance(
         dense = F.log_softmax(logits[i].float() / t, -1)  # (T, V)
         sparse = F.log_softmax(logits[k + i].float() / t, -1)  # (T, V)
         positions = len(prompt) + torch.arange(len(out.token_ids))  # (T,)
-        dense_pages = int(torch.div(positions + page - 1, page, rounding_mode="floor").sum())
+        pages_dense = int(dense_pages(positions, page).sum())
         samples.append(
             AcceptanceSample(
                 [exact_acceptance(dense, sparse)],
                 [positions],
                 int(out.budget_pages.sum()),
-                dense_pages,
+                pages_dense,
             )
         )
     return samples

@@ -2,8 +2,8 @@
 
 Two modes, chosen once by `make_controller`:
 - `FixedController`: the schedule as configured (the paper's offline lookup table).
-- `OnlineController`: closed loop (sparrow's addition, DESIGN.md §2). After each step, for every
-  bin observed with >= min_tokens tokens:
+- `OnlineController`: closed loop (sparrow's addition, docs/DESIGN.md §2). After each step, for
+  every bin observed with >= min_tokens tokens:
     p5 < tau                    -> raise the bin one grid step (at once: safety first);
     p5 >= tau + margin          -> count an over-safe observation; after `patience` consecutive
                                    ones lower the bin one grid step;

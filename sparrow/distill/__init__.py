@@ -1,4 +1,4 @@
-"""DistillSparse (DESIGN.md §1): a LoRA adapter used only by the sparse rollout policy, trained
+"""DistillSparse (docs/DESIGN.md §1): a LoRA adapter used only by the sparse rollout policy, trained
 after each dense update towards the dense policy's log-probs (plus the sparse GRPO term).
 
 - sparse_attention.py: the engine's page selection as a differentiable training-time mask

@@ -1,6 +1,7 @@
-"""DistillSparse: one adapter update per RL step, after the dense update (DESIGN.md §1, step 5).
+"""DistillSparse: one adapter update per RL step, after the dense update (docs/DESIGN.md
+§1 and §3).
 
-    distill = DistillSparse(cfg.distill, model, engine.runner.kv.cfg, actor_lr=cfg.deepspeed.lr)
+    distill = DistillSparse(cfg.distill, model, engine.runner.kv.cfg, actor_lr=cfg.actor.lr)
     ...  # after the dense GRPO update of theta:
     distill.load_base(theta_state_dict)          # theta frozen inside the sparse policy
     metrics = distill.step(batch, dense.token_logprobs, advantages_tok, temperature)
@@ -24,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sparrow.batch import RolloutBatch
 from sparrow.distill.loss import distill_loss
 from sparrow.distill.sparse_policy import SparsePolicy
+from sparrow.rl.batch import RolloutBatch
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
 

@@ -1,4 +1,4 @@
-"""The DistillSparse loss on the sparse policy's log-probs of rollout tokens (DESIGN.md §1).
+"""The DistillSparse loss on the sparse policy's log-probs of rollout tokens (docs/DESIGN.md §1).
 
     L = pg_coef * L_GRPO,sparse + lambda * k3(logp_dense_old - logp_sparse)
         + lambda_kl * KL_K(dense_old || sparse)

@@ -1,7 +1,7 @@
 """Training-time block-sparse attention: the engine's page selection as a differentiable mask.
 
 The rollout engine decodes token by token and, in every sparse layer, lets each (sequence, KV
-head) read only the pages `select_pages` picks (DESIGN.md §1). Teacher-forcing a whole rollout
+head) read only the pages `select_pages` picks (docs/DESIGN.md §1). Teacher-forcing a whole rollout
 sequence at once reproduces that exactly when every query position t gets its own key mask:
 - prompt queries (and every query of a dense layer) attend causally to all keys, like prefill;
 - a completion query at t with recorded budget b < n = ceil((t + 1) / PAGE) pages keeps page 0,

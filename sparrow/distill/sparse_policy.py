@@ -1,6 +1,6 @@
 """The sparse rollout policy as a trainable model: a frozen copy of the base weights plus a LoRA.
 
-DistillSparse (DESIGN.md §1) gives the sparse policy its own adapter phi on top of the dense
+DistillSparse (docs/DESIGN.md §1) gives the sparse policy its own adapter phi on top of the dense
 weights theta. This module owns that model: a deep copy of the HF policy (the dense actor never
 sees the adapter), wrapped by peft with LoRA on every linear layer of the decoder, with the
 training-time block-sparse attention (sparse_attention.py) as its attention function. It answers

@@ -1,4 +1,4 @@
-"""Page scoring and selection for block-sparse decode (Sparrow paper, DESIGN.md §1).
+"""Page scoring and selection for block-sparse decode (Sparrow paper, docs/DESIGN.md §1).
 
 Per (sequence, KV head): n = ceil(seq_len / page_size) pages. If n <= budget every page is kept
 (the sequence is attended densely); otherwise the first `num_sink` pages (attention sink), the last

@@ -10,7 +10,7 @@ exports the policy as an HF model directory. Given the GRPO group structure (`pr
 (sparrow.rl.policy_logprobs) and micro-batches hold whole groups.
 
 Conventions: every per-token output is aligned to the position of the token it describes
-(position 0 has no prediction and is 0), as in `sparrow.batch.RolloutBatch`. The policy runs in
+(position 0 has no prediction and is 0), as in `sparrow.rl.batch.RolloutBatch`. The policy runs in
 eval mode in both passes (no dropout), so the PPO ratio is exactly 1 on a step's first update.
 Under ZeRO-3 every call here is a collective: all ranks call it with the same number of
 micro-batches (checked, to fail loudly instead of hanging).

@@ -197,7 +197,7 @@ def group_shared_hidden(
         raise RuntimeError(
             f"{type(decoder).__name__} did not fill the KV cache passed as `{cache_kw}` "
             f"(holds {cache.get_seq_length()} of {max_prompt} prompt tokens): this transformers "
-            "version's cache argument is not supported; set deepspeed.share_prompts=false"
+            "version's cache argument is not supported; set actor.share_prompts=false"
         )
     # The last prompt position predicts every row's first completion token.
     last_prompt = prompt_hidden[row_group, prompt_lens - 1]  # (b, H)
@@ -228,7 +228,7 @@ def cache_keyword(decoder: nn.Module) -> str:
             return name
     raise TypeError(
         f"{type(decoder).__name__}.forward takes neither `past_key_values` nor `cache`; "
-        "set deepspeed.share_prompts=false"
+        "set actor.share_prompts=false"
     )
 
 
@@ -254,7 +254,7 @@ def check_shared_prompts(
             raise ValueError(
                 f"rows {a} and {b} share group id {int(group_ids[a])} but not their prompt "
                 f"(lengths {p} and {int(prompt_lens[b])}): a GRPO group samples one prompt; "
-                "set deepspeed.share_prompts=false to score rows independently"
+                "set actor.share_prompts=false to score rows independently"
             )
 
 

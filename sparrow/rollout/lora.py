@@ -1,6 +1,6 @@
 """Unmerged LoRA deltas on the engine's fused linears, added only to the rows a gate selects.
 
-DistillSparse's gated mode (DESIGN.md §1, issue 7): the adapter phi corrects the sparse policy
+DistillSparse's gated mode (docs/DESIGN.md §1, issue 7): the adapter phi corrects the sparse policy
 where attention is sparse, so the engine keeps the dense weights theta in its fused matrices and
 phi as low-rank factors beside them. A decode step adds gate * (x A^T) B^T after each decoder
 linear, with gate = 1 on the rows whose budget drops pages; prefill and dense rows see W alone.

@@ -3,7 +3,7 @@
 Owns the K/V pages of every layer (allocated once, sized by `num_pages`), the page summaries of
 the sparse layers, and the per-step metadata that says where each token goes. Decode attention
 is dense on `dense_layers` and block-sparse elsewhere: pages are chosen per (sequence, KV head)
-by `select_pages` with the sequence's budget, then `paged_decode` attends to them (DESIGN.md §1);
+by `select_pages` with the sequence's budget, then `paged_decode` attends to them (docs/DESIGN.md);
 on CPU fp32 the fused C++ kernel (`sparse_decode`, kernels/decode_cpu.cpp) does both in one pass.
 The dense layers read a contiguous copy of their K/V that each step extends by one token
 (`DenseKVCopy`) rather than gathering every page again; on CPU fp32, when the rows share most of

@@ -5,7 +5,7 @@ Two families, each example a dict {"prompt": user-message text, "answer": refere
 
 - `arithmetic`: "What is 7 + 34? Answer with just the number." Difficulty is set by digits per
   operand, operand count and operators. SmolLM2-135M-Instruct answers two-digit + two-digit
-  additions greedily only 14% of the time (DESIGN.md §5); the default mixes one- and two-digit
+  additions greedily only 14% of the time (docs/DESIGN.md §5); the default mixes one- and two-digit
   operands so that accuracy sits in between and GRPO groups have reward variance.
 - `long_context`: a filler document of a few thousand words, built from seeded sentence
   templates, with facts ("The secret number of the blue box is 37.") buried at random depths and

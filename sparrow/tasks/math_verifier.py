@@ -14,7 +14,7 @@ import logging
 import re
 from typing import Literal
 
-from sparrow.tasks.rewards import RewardResult, RewardTimeout
+from sparrow.tasks.reward_result import RewardResult, RewardTimeout
 from sparrow.tasks.sandbox import Sandbox, SandboxTimeout
 
 AnswerFallback = Literal["last_number", "none"]

@@ -14,24 +14,12 @@ import math
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-
-@dataclass
-class RewardResult:
-    score: float  # the reward; 0.0 when the completion is wrong or unscorable
-    extras: dict[str, Any] = field(default_factory=dict)  # per-sample values for logging
-
-
-class RewardFn(Protocol):
-    def __call__(self, prompt: str, completion: str, reference: str) -> RewardResult | float: ...
-
-
-class RewardTimeout(TimeoutError):
-    """Raised by a reward that enforces its own deadline (e.g. the math verifier's sandbox)."""
+from sparrow.tasks.reward_result import RewardFn, RewardResult, RewardTimeout
 
 
 @dataclass
@@ -174,8 +162,7 @@ def _normalise(text: str) -> str:
 
 
 def _math_reward(cfg: RewardConfig) -> RewardFn:
-    # Deferred so that importing the registry does not import SymPy, and math_verifier can
-    # import the interface above without a cycle.
+    # Deferred so that importing the registry does not import SymPy.
     from sparrow.tasks.math_verifier import MathVerifier
 
     return MathVerifier(timeout_s=cfg.timeout_s, fallback=cfg.answer_fallback)

@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from sparrow.batch import RolloutBatch
 from sparrow.control.acceptance import exact_acceptance
+from sparrow.rl.batch import RolloutBatch
 from sparrow.rl.policy_logprobs import group_shared_hidden
 
 

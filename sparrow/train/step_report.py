@@ -3,8 +3,8 @@ evaluation."""
 
 import math
 
-from sparrow.batch import RolloutBatch
 from sparrow.config import SparrowConfig
+from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
 
 
@@ -70,5 +70,5 @@ def format_plan(cfg: SparrowConfig, data_summary: str, world: int) -> str:
         f"sparrow-train: {cfg.model.name} | {data_summary}\n"
         f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
         f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {world}, "
-        f"ZeRO-{cfg.deepspeed.zero_stage}; schedule {sched}; run dir {cfg.run_dir}"
+        f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; run dir {cfg.run_dir}"
     )

@@ -1,10 +1,11 @@
-"""The GRPO loop: sparse rollouts -> rewards -> advantages -> dense log-probs -> monitor and
-controller -> update -> weight sync -> eval -> checkpoint.
+"""The GRPO loop. One step, in `train_step`: sparse rollout -> rewards -> advantages -> dense
+log-probs -> acceptance -> controller update -> policy update -> DistillSparse update -> weight
+sync -> logging; `fit` adds evaluation and checkpoints around the steps.
 
     sparrow-train                       # SmolLM2 on the embedded task (conf/config.yaml)
     sparrow-train preset=smoke          # 2 steps of a tiny model
 
-Departures from the Sparrow paper's recipe (DESIGN.md §1), on purpose:
+Departures from the Sparrow paper's recipe (docs/DESIGN.md), on purpose:
 - the budget schedule is set online by a closed-loop controller from this step's p5 acceptance
   (the paper calibrates an offline table; `schedule.mode=fixed` reproduces that);
 - acceptance is exact over the full vocabulary where affordable (`monitor.exact`: the rollout
@@ -18,29 +19,33 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 
 import logging
 import os
-import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from sparrow.batch import RolloutBatch, collate_rollouts
 from sparrow.config import SparrowConfig
 from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
+from sparrow.control.kv_read import kv_pages, kv_read_ratio
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models.loading import load_model
-from sparrow.rl.actor import DenseActor, split_micro_batches
+from sparrow.rl.actor import DenseActor, LogprobOutput, split_micro_batches
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
+from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator, load_prompts
-from sparrow.tasks.rewards import build_reward, score_batch
+from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
+from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
+from sparrow.train.distributed import Ranks
 from sparrow.train.evaluation import evaluate, paired_difference
+from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.metrics_logger import MetricsLogger
-from sparrow.train.step_monitor import StepMonitor, global_sum
+from sparrow.train.phase_timer import PhaseTimer
+from sparrow.train.rollout_plan import RolloutPlan, plan_rollout
+from sparrow.train.speedup_probe import measure_speedup
 from sparrow.train.step_report import (
     format_eval_line,
     format_plan,
@@ -55,8 +60,18 @@ class NonFiniteStreak(RuntimeError):
     """Too many consecutive updates skipped for NaN/Inf: stop instead of training on garbage."""
 
 
+@dataclass
+class Rollout:
+    outputs: list  # the engine's GenerationOutputs, prompt-major, rl.group_size per prompt
+    batch: RolloutBatch
+    plan: RolloutPlan  # which rows were dense (noise floor) and kept their logits
+    stats: object  # the engine's RolloutStats of this generate call (decode tok/s)
+
+
 class GRPOTrainer:
-    def __init__(self, cfg: SparrowConfig):
+    def __init__(self, cfg: SparrowConfig, make_actor=DenseActor):
+        """`make_actor(model, cfg.actor)`: the dense policy's trainer (DenseActor, DeepSpeed);
+        tests pass a plain-torch one with the same interface."""
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
         loaded = load_model(cfg.model)
@@ -81,12 +96,13 @@ class GRPOTrainer:
         self.engine = LLMEngine(loaded.model, self.tokenizer, cfg.rollout.engine)
         # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
         self.distill = (
-            DistillSparse(cfg.distill, loaded.model, self.engine.runner.kv.cfg, cfg.deepspeed.lr)
+            DistillSparse(cfg.distill, loaded.model, self.engine.runner.kv.cfg, cfg.actor.lr)
             if cfg.distill.enabled and cfg.schedule.mode != "dense"
             else None
         )
-        self.actor = DenseActor(loaded.model, cfg.deepspeed)
+        self.actor = make_actor(loaded.model, cfg.actor)
         self.rank, self.world = self.actor.rank, self.actor.world_size
+        self.ranks = Ranks(self.rank, self.world)
         self.run_dir = Path(cfg.run_dir)
 
         if cfg.rl.prompts_per_step % self.world:
@@ -112,8 +128,8 @@ class GRPOTrainer:
         self.shape = ModelShape.from_hf_config(loaded.model.config, dtype_bytes=4)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
-        self.step_monitor = StepMonitor(cfg, self.engine, self.actor, self.logger, self.world)
-        self.monitor = self.step_monitor.monitor  # this step's acceptance, as the controller saw it
+        self.acceptance = AcceptanceMetrics(cfg.monitor.bin_tokens, self.ranks)
+        self.monitor = self.acceptance.monitor  # this step's acceptance, as the controller saw it
         self.step = 0
         self.nonfinite_streak = 0
         self._first_eval: list[float] | None = None  # per-prompt scores at the first evaluation
@@ -147,26 +163,58 @@ class GRPOTrainer:
         return last_eval or {}
 
     def train_step(self) -> dict:
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        prompts = next(self.prompts)[self.rank :: self.world]  # this rank's share
+        """One GRPO step on this rank's share of the step's prompts; returns its metrics."""
+        timer = PhaseTimer()
+        prompts = next(self.prompts)[self.rank :: self.world]
+        with timer("rollout"):
+            rollout = self._rollout(prompts)
+            scores = self._rewards(prompts, rollout.outputs)
+        with timer("monitor"):
+            speedup = self._measured_speedup(prompts, rollout)
+            # GRPO groups never span ranks (a rank rolls out whole groups): advantages are local.
+            advantages = self.advantage_fn(scores.scores, rollout.batch.group_ids)  # (B,)
+        with timer("logprobs"):
+            dense = self._logprobs(rollout.batch)
+        with timer("monitor"):
+            acceptance = self._acceptance(rollout, dense)
+            control = self._control(rollout.batch, acceptance.stats)
+            num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
+            token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
+        with timer("update"):
+            update = self._policy_update(rollout.batch, dense, token_advantages, num_tokens)
+        with timer("distill"):
+            # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
+            # frozen base and for the engine.
+            weights = self.actor.gathered_state_dict()
+            distill = self._distill_update(
+                rollout.batch, dense, token_advantages, num_tokens, weights
+            )
+        with timer("sync"):
+            self._sync_engine(weights)
+        self._log_histograms(acceptance.histograms)
+        metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks.mean)
+        metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
+        metrics |= _update_metrics(update | distill) | scores.stats.as_metrics()
+        return metrics | timer.metrics()
+
+    # ---- the phases -------------------------------------------------------------------------
+
+    def _rollout(self, prompts) -> Rollout:
+        """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
         sparse = self.engine.schedule  # None in dense mode
         # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
         dense_is_theta = self.distill is None or self.distill.cfg.gate
-        n_floor = self.step_monitor.num_noise_floor_prompts(
-            len(prompts), engine_is_dense_policy=sparse is not None and dense_is_theta
+        plan = plan_rollout(
+            self.cfg.monitor, len(prompts), self.cfg.rl.group_size, sparse, dense_is_theta
         )
-        prompt_ids = [p.token_ids for p in prompts]
-        keep_logits = self.step_monitor.logit_rows(len(prompts), n_floor)  # exact monitor's rows
         outputs = self.engine.generate(
-            prompt_ids,
-            replace(self.sampling, return_logits=keep_logits is not None),
-            n=cfg.rl.group_size,
-            progress=cfg.rollout.progress and self.rank == 0,
-            schedules=self.step_monitor.rollout_schedules(len(prompts), n_floor, sparse),
-            logits_rows=keep_logits,
+            [p.token_ids for p in prompts],
+            replace(self.sampling, return_logits=plan.logit_rows is not None),
+            n=self.cfg.rl.group_size,
+            progress=self.cfg.rollout.progress and self.rank == 0,
+            schedules=plan.schedules,
+            logits_rows=plan.logit_rows,
         )
-        rollout_stats = self.engine.last_stats
         group_offset = self.rank * len(prompts)
         batch = collate_rollouts(
             [p.token_ids for p in prompts],
@@ -174,82 +222,80 @@ class GRPOTrainer:
             self.tokenizer.pad_token_id,
             [group_offset + o.prompt_index for o in outputs],
         )
-        scores = score_batch(
+        return Rollout(outputs, batch, plan, self.engine.last_stats)
+
+    def _rewards(self, prompts, outputs) -> BatchScores:
+        return score_batch(
             self.reward,
             [prompts[o.prompt_index].text for o in outputs],
             [o.text for o in outputs],
             [prompts[o.prompt_index].answer for o in outputs],
         )
-        t_rollout = time.perf_counter()
-        speedup = {}
-        if sparse is not None:
-            speedup = self.step_monitor.measure_speedup(
-                self.step, prompt_ids, self.sampling, rollout_stats
-            )
-        t_probe = time.perf_counter()
 
-        # GRPO groups never span ranks (a rank rolls out whole groups), so advantages are local.
-        advantages = self.advantage_fn(scores.scores, batch.group_ids)  # (B,)
-        # Both policies at the rollout temperature, so ratios, TIS and acceptance compare alike.
-        temperature = cfg.rollout.temperature
-        dense = self.actor.compute_logprobs(
+    def _measured_speedup(self, prompts, rollout: Rollout) -> dict:
+        every = self.cfg.monitor.speedup_every
+        if self.engine.schedule is None or not every or (self.step + 1) % every:
+            return {}
+        ids = [p.token_ids for p in prompts]
+        return measure_speedup(
+            self.engine, ids, self.sampling, self.cfg.rl.group_size, rollout.stats
+        )
+
+    def _logprobs(self, batch: RolloutBatch) -> LogprobOutput:
+        """The dense policy's log-probs and top-K of the batch, at the rollout temperature (so
+        that ratios, TIS and acceptance compare like with like)."""
+        return self.actor.compute_logprobs(
             batch.input_ids,
             batch.attention_mask,
-            topk=cfg.monitor.top_k,
-            temperature=temperature,
+            topk=self.cfg.monitor.top_k,
+            temperature=self.cfg.rollout.temperature,
             prompt_lens=batch.prompt_lens,
             group_ids=batch.group_ids,
         )
-        t_logprobs = time.perf_counter()
-        floor_rows = torch.tensor([o.prompt_index >= len(prompts) - n_floor for o in outputs])
-        accept_metrics, stats = self.step_monitor.measure(self.step, batch, dense, floor_rows)
-        batch.rollout_logits = None  # the monitor's (C_b, V) rows: free them before the update
-        for o in outputs:
-            o.logits = None
-        accept_metrics |= self._control(batch, stats)
 
-        num_tokens = self._global_sum(batch.completion_mask.sum())
-        token_advantages = broadcast_to_tokens(advantages, batch.completion_mask)  # (B, T)
-        t_monitor = time.perf_counter()
-        update = self._policy_update(batch, dense, token_advantages, num_tokens)
-        t_update = time.perf_counter()
-        if self.distill is not None:  # step 5: the adapter, on the frozen updated theta
-            self.distill.load_base(self.actor.gathered_state_dict())
-            update |= self.distill.step(
-                batch,
-                dense.token_logprobs,
-                token_advantages,
-                temperature,
-                num_tokens,
-                dense_topk=(dense.topk_ids, dense.topk_logprobs),
+    def _acceptance(self, rollout: Rollout, dense: LogprobOutput) -> AcceptanceResult:
+        """The step's acceptance (exact where `monitor.exact`, from the rollout logits the batch
+        carries, else replayed under the schedule the batch was rolled out with: call before
+        the controller moves it). Frees the (C_b, V) kept logits before the update."""
+        batch, plan, exact = rollout.batch, rollout.plan, None
+        if self.cfg.monitor.exact:
+            rows = torch.tensor(plan.logit_rows)  # (B,) bool
+            sparse = self.engine.schedule
+            values = exact_batch_acceptance(
+                self.engine,
+                self.actor.model,
+                batch.select(torch.arange(len(batch))[rows]),
+                self.cfg.rollout.temperature,
+                self.cfg.actor.micro_batch_size,
+                [None if f else sparse for f in plan.floor_rows[rows].tolist()],
             )
-        t_distill = time.perf_counter()
-        self._sync_engine()
-        t_sync = time.perf_counter()
+            exact = ExactAcceptance(values, rows)
+        result = self.acceptance.measure(batch, dense, plan.floor_rows, exact)
+        batch.rollout_logits = None
+        for o in rollout.outputs:
+            o.logits = None
+        return result
 
-        metrics = rollout_metrics(batch, scores, outputs, self._global_mean)
-        metrics |= accept_metrics | speedup
-        metrics |= {
-            k
-            if k.startswith("distill/")
-            else f"loss/{k}"
-            if k in ("loss", "pg_loss")
-            else f"update/{k}": v
-            for k, v in update.items()
+    def _control(self, batch: RolloutBatch, stats) -> dict:
+        """The controller's move from this step's per-bin stats, and the cost model's predicted
+        speedup for the schedule the batch was rolled out with."""
+        if self.controller is None:
+            return {}
+        rolled_with = self.controller.schedule
+        prompt_tokens = int(batch.prompt_lens.float().mean())
+        output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
+        cost_cfg = CostConfig(num_dense_layers=len(self.cfg.rollout.engine.dense_layers))
+        metrics = {
+            "controller/tau": self.cfg.controller.tau,
+            "speedup/predicted": predicted_speedup(
+                self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, cost_cfg
+            ),
         }
-        metrics |= scores.stats.as_metrics()
-        metrics |= {
-            "time/rollout_s": t_rollout - t0,
-            "time/logprobs_s": t_logprobs - t_probe,
-            "time/monitor_s": t_monitor - t_logprobs + t_probe - t_rollout,
-            "time/update_s": t_update - t_monitor,
-            "time/distill_s": t_distill - t_update,
-            "time/sync_s": t_sync - t_distill,
-            "time/step_s": t_sync - t0,
-        }
+        self.controller.update(stats)
+        self._push_schedule()
+        for i, b in enumerate(self.controller.schedule.budgets_pages):
+            metrics[f"schedule/budget_pages/bin{i}"] = b
         return metrics
-
-    # ---- pieces -----------------------------------------------------------------------------
 
     def _policy_update(self, batch: RolloutBatch, dense, token_advantages, num_tokens) -> dict:
         """One GRPO/TIS update of theta on the batch (ratios against the dense log-probs `dense`
@@ -280,46 +326,52 @@ class GRPOTrainer:
                 extremes.setdefault(key, []).append(float(metrics.pop(key)))
             return loss, metrics
 
-        shared = batch.group_ids if cfg.deepspeed.share_prompts else None  # keep groups whole
+        shared = batch.group_ids if cfg.actor.share_prompts else None  # keep groups whole
         update = self.actor.train_step(
-            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size, shared),
+            split_micro_batches(train_batch, cfg.actor.micro_batch_size, shared),
             loss_fn,
             cfg.rollout.temperature,
         )
-        update |= {k: self._global_extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
+        update |= {k: self.ranks.extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
         self._check_nonfinite(update)
         return update
 
-    def _control(self, batch: RolloutBatch, stats) -> dict:
-        """The controller's move from this step's per-bin stats, and the cost model's predicted
-        speedup for the schedule the batch was rolled out with."""
-        if self.controller is None:
+    def _distill_update(self, batch, dense, token_advantages, num_tokens, weights) -> dict:
+        """DistillSparse: one adapter update on the frozen updated theta (`weights`)."""
+        if self.distill is None:
             return {}
-        rolled_with = self.controller.schedule
-        prompt_tokens = int(batch.prompt_lens.float().mean())
-        output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
-        cost_cfg = CostConfig(num_dense_layers=len(self.cfg.rollout.engine.dense_layers))
-        metrics = {
-            "controller/tau": self.cfg.controller.tau,
-            "speedup/predicted": predicted_speedup(
-                self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, cost_cfg
-            ),
-        }
-        self.controller.update(stats)
-        self._push_schedule()
-        for i, b in enumerate(self.controller.schedule.budgets_pages):
-            metrics[f"schedule/budget_pages/bin{i}"] = b
-        return metrics
+        self.distill.load_base(weights)
+        return self.distill.step(
+            batch,
+            dense.token_logprobs,
+            token_advantages,
+            self.cfg.rollout.temperature,
+            num_tokens,
+            dense_topk=(dense.topk_ids, dense.topk_logprobs),
+        )
 
-    def _sync_engine(self) -> None:
-        """The rollout policy's weights into the engine: theta; with DistillSparse also phi,
-        unmerged and gated to sparse decode steps (distill.gate), or merged into theta."""
+    def _sync_engine(self, weights: dict | None = None) -> None:
+        """The rollout policy's weights into the engine: theta (`weights`, gathered when not
+        given); with DistillSparse also phi, unmerged and gated to sparse decode steps
+        (distill.gate), or merged into theta."""
         if self.distill is not None and not self.distill.cfg.gate:
             self.engine.update_weights(self.distill.merged_state_dict())
             return
-        self.engine.update_weights(self.actor.gathered_state_dict())
+        self.engine.update_weights(weights or self.actor.gathered_state_dict())
         if self.distill is not None:
             self.engine.set_lora(self.distill.lora_factors())
+
+    def _kv_read(self, batch: RolloutBatch) -> dict:
+        """Pages read by sparse layers over the pages a dense decode would read, all ranks."""
+        page_size = self.cfg.rollout.engine.page_size
+        read, dense = kv_pages(batch.budget_pages, batch.completion_mask, page_size)
+        return {"kv_read_ratio": kv_read_ratio(self.ranks.sum(read), self.ranks.sum(dense))}
+
+    def _log_histograms(self, histograms: dict[str, list[float]]) -> None:
+        for name, values in histograms.items():
+            self.logger.log_histogram(self.step + 1, name, values)
+
+    # ---- around the steps -------------------------------------------------------------------
 
     def _push_schedule(self) -> None:
         # No controller means schedule.mode=dense: the engine attends densely.
@@ -336,7 +388,7 @@ class GRPOTrainer:
         merged = self.distill is not None and not self.distill.cfg.gate
         if merged:
             self.engine.update_weights(self.actor.gathered_state_dict())
-        result, correct = evaluate(self.engine, self.reward, prompts, params, self._global_sum)
+        result, correct = evaluate(self.engine, self.reward, prompts, params, self.ranks.sum)
         if merged:
             self._sync_engine()
         self._push_schedule()
@@ -362,7 +414,7 @@ class GRPOTrainer:
             if self.nonfinite_streak >= self.cfg.rl.max_nonfinite_streak:
                 raise NonFiniteStreak(
                     f"{self.nonfinite_streak} consecutive updates had a non-finite loss or "
-                    f"gradient (last at step {self.step + 1}); stopping. Lower deepspeed.lr or "
+                    f"gradient (last at step {self.step + 1}); stopping. Lower actor.lr or "
                     "check the data; resume=auto restarts from the last checkpoint."
                 )
         else:
@@ -409,19 +461,13 @@ class GRPOTrainer:
         if self.rank == 0:
             print(f"resumed from {path} at step {self.step}", flush=True)
 
-    # ---- reductions over ranks --------------------------------------------------------------
-
-    def _global_sum(self, value) -> float:
-        return global_sum(value, self.world)
-
-    def _global_mean(self, total, count) -> float:
-        return self._global_sum(total) / max(self._global_sum(count), 1.0)
-
-    def _global_extreme(self, values: list[float], how: str) -> float:
-        t = torch.tensor([min(values) if how == "min" else max(values)], dtype=torch.float64)
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MIN if how == "min" else dist.ReduceOp.MAX)
-        return float(t)
-
     def plan(self) -> str:
         return format_plan(self.cfg, self.train_data.summary(), self.world)
+
+
+def _update_metrics(update: dict) -> dict:
+    """The actor's and DistillSparse's update metrics under their dashboard names."""
+    named = {"loss": "loss/loss", "pg_loss": "loss/pg_loss"}
+    return {
+        k if k.startswith("distill/") else named.get(k, f"update/{k}"): v for k, v in update.items()
+    }

@@ -105,6 +105,6 @@ def test_gpu_presets_compose_with_the_papers_schedules(tag, layers):
     assert cfg.model.dtype == "bfloat16" and cfg.rollout.engine.dtype == "bfloat16"
     assert cfg.schedule.mode == "fixed" and cfg.schedule.bin_tokens == 2000
     assert cfg.schedule.budgets_pages[0] == 32  # 512 tokens in the first 2K bin, every size
-    assert cfg.deepspeed.precision == "bf16" and cfg.rollout.max_new_tokens == 32768
+    assert cfg.actor.precision == "bf16" and cfg.rollout.max_new_tokens == 32768
     shape = random_model_config(f"qwen3-{tag.replace('p', '.')}")
     assert shape.num_hidden_layers == layers

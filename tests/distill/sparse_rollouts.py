@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import transformers
 
-from sparrow.batch import RolloutBatch, collate_rollouts
 from sparrow.models.loading import tiny_model_config
+from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
 BUDGET_PAGES = 4

@@ -11,8 +11,8 @@ import pytest
 import torch
 from sparse_rollouts import dense_logprobs, make_rollout
 
-from sparrow.batch import collate_rollouts
 from sparrow.distill import DistillConfig, DistillSparse
+from sparrow.rl.batch import collate_rollouts
 from sparrow.rollout.engine import SamplingParams
 
 # fp32 on CPU: the engine's gated decode and the gated masked forward differ by float

@@ -1,4 +1,4 @@
-"""Page selection (torch scoring) against the loop reference and the rule of DESIGN.md §1."""
+"""Page selection (torch scoring) against the loop reference and the rule of docs/DESIGN.md §1."""
 
 import pytest
 import torch

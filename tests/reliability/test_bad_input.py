@@ -62,7 +62,7 @@ def _one_error_line(capsys, argv: list[str], code: int = 2) -> str:
         ("rl.steps", "config error: Error parsing override 'rl.steps'"),
         ("=3", "config error: Config group override must be a string or a list"),
         ("rl.steps=[1,2", "config error: no viable alternative at input '[1,2'"),
-        ("deepspeed.zero_stage=7", "config error: zero_stage must be 0-3, got 7"),
+        ("actor.zero_stage=7", "config error: zero_stage must be 0-3, got 7"),
         ("logger.wandb.mode=bogus", "config error: logger.wandb.mode='bogus': expected one of"),
     ],
 )

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from sparrow.batch import RolloutBatch
 from sparrow.control.acceptance import exact_acceptance
 from sparrow.models.loading import tiny_model_config
+from sparrow.rl.batch import RolloutBatch
 from sparrow.rollout.engine import EngineConfig, LLMEngine
 from sparrow.train.exact_acceptance import exact_batch_acceptance, prompt_runs
 

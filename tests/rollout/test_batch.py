@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import random_prompts
 
-from sparrow.batch import collate_rollouts
+from sparrow.rl.batch import collate_rollouts
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
 

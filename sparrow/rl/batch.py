@@ -1,0 +1,123 @@
+"""The rollout batch: what the engine hands to rewards, the dense actor, the monitor and the loss.
+
+Alignment rule: the token at absolute position t of a sample (prompt + completion) was sampled
+from the distribution conditioned on tokens < t, and every per-token array is aligned to the
+position of the token it describes. So `sampled_logprobs[b, t]` is the rollout policy's log-prob
+of `input_ids[b, t]`, to be compared with the actor's log-softmax of logits[b, t - 1].
+Part of the RL algorithm's data, not of rollout/: `collate_rollouts` reads the engine's outputs by
+attribute, without importing it, so the engine never depends on the algorithm.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    input_ids: Tensor  # (B, T) int64, prompt + completion, right-padded with pad_token_id
+    attention_mask: Tensor  # (B, T) bool, True on real tokens
+    completion_mask: Tensor  # (B, T) bool, True on generated tokens (what is trained/scored)
+    prompt_lens: Tensor  # (B,) int64
+    sampled_logprobs: Tensor  # (B, T) fp32, rollout (sparse) policy log-prob of input_ids[:, t],
+    # full vocabulary at the sampling temperature; 0 off-completion
+    topk_ids: Tensor  # (B, T, K) int64, rollout policy's top-K token ids at t; 0 off-completion
+    topk_logprobs: Tensor  # (B, T, K) fp32, their log-probs (full-vocab normalised); 0 off
+    budget_pages: Tensor  # (B, T) int32, KV pages read per sparse layer to produce token t
+    # (= all pages when attended densely); 0 off-completion
+    group_ids: Tensor  # (B,) int64, index of the prompt each sample came from
+    finish_reasons: list[str]  # "eos" | "stop" | "length"
+    # Per row, the raw fp32 logits (C_b, V) its completion tokens were sampled from (the engine's
+    # SamplingParams.return_logits), None for a row without; None when no row has them
+    rollout_logits: list[Tensor | None] | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: Tensor) -> "RolloutBatch":
+        """The samples at `rows` (B',) int64, in that order."""
+        index = rows.tolist()
+
+        def pick(value):
+            if isinstance(value, Tensor):
+                return value[rows]
+            return None if value is None else [value[i] for i in index]
+
+        return RolloutBatch(**{f.name: pick(getattr(self, f.name)) for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            if isinstance(getattr(self, f.name), Tensor)
+            else getattr(self, f.name)
+            for f in fields(self)
+        }
+        return RolloutBatch(**moved)
+
+
+def collate_rollouts(
+    prompts: Sequence[Sequence[int]],
+    outputs: Sequence,
+    pad_token_id: int,
+    group_ids: Sequence[int] | None = None,
+) -> RolloutBatch:
+    """Pad the engine's outputs (sparrow.rollout GenerationOutput) into one batch.
+
+    prompts: the prompt token ids, indexed by each output's `prompt_index`.
+    group_ids: one per output; defaults to each output's `prompt_index` (pass global prompt
+    indices when a rank generated a slice of the step's prompts).
+    Outputs' logits, where the engine kept them, are passed on by reference (no copy).
+    """
+    if not outputs:
+        raise ValueError("collate_rollouts needs at least one output")
+    if group_ids is None:
+        group_ids = [o.prompt_index for o in outputs]
+    if len(group_ids) != len(outputs):
+        raise ValueError(f"{len(group_ids)} group_ids for {len(outputs)} outputs")
+    batch = len(outputs)
+    k = outputs[0].topk_ids.shape[-1]
+    lengths = [len(prompts[o.prompt_index]) + len(o.token_ids) for o in outputs]
+    width = max(lengths)
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.int64)
+    attention_mask = torch.zeros((batch, width), dtype=torch.bool)
+    completion_mask = torch.zeros((batch, width), dtype=torch.bool)
+    sampled_logprobs = torch.zeros((batch, width), dtype=torch.float32)
+    topk_ids = torch.zeros((batch, width, k), dtype=torch.int64)
+    topk_logprobs = torch.zeros((batch, width, k), dtype=torch.float32)
+    budget_pages = torch.zeros((batch, width), dtype=torch.int32)
+    prompt_lens = torch.zeros(batch, dtype=torch.int64)
+    for b, out in enumerate(outputs):
+        prompt = list(prompts[out.prompt_index])
+        if list(out.prompt_ids) != prompt:
+            raise ValueError(
+                f"output {b} was generated from another prompt than prompts[{out.prompt_index}]"
+            )
+        p, end = len(prompt), lengths[b]
+        input_ids[b, :end] = torch.tensor(prompt + list(out.token_ids), dtype=torch.int64)
+        attention_mask[b, :end] = True
+        completion_mask[b, p:end] = True
+        sampled_logprobs[b, p:end] = out.logprobs
+        topk_ids[b, p:end] = out.topk_ids
+        topk_logprobs[b, p:end] = out.topk_logprobs
+        budget_pages[b, p:end] = out.budget_pages
+        prompt_lens[b] = p
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_mask=completion_mask,
+        prompt_lens=prompt_lens,
+        sampled_logprobs=sampled_logprobs,
+        topk_ids=topk_ids,
+        topk_logprobs=topk_logprobs,
+        budget_pages=budget_pages,
+        group_ids=torch.tensor(list(group_ids), dtype=torch.int64),
+        finish_reasons=[o.finish_reason for o in outputs],
+        rollout_logits=_rollout_logits(outputs),
+    )
+
+
+def _rollout_logits(outputs: Sequence) -> list[Tensor | None] | None:
+    logits = [getattr(o, "logits", None) for o in outputs]
+    return None if all(x is None for x in logits) else logits

@@ -1,0 +1,105 @@
+"""A plain-torch stand-in for `DenseActor` (same interface, no DeepSpeed, one rank), so that the
+whole GRPO loop runs in a test in seconds. The log-probs come from the same `PolicyWithLogprobs`
+module the real actor wraps; the update is AdamW with the same LR schedule and gradient clipping
+as the actor's ZeRO-0 fp32 path."""
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from sparrow.rl.actor import ActorConfig, LogprobOutput, lr_multiplier
+from sparrow.rl.policy_logprobs import PolicyWithLogprobs, check_shared_prompts
+
+
+class FakeActor:
+    def __init__(self, model: nn.Module, cfg: ActorConfig):
+        self.cfg = cfg
+        self.rank, self.world_size = 0, 1
+        self.policy = PolicyWithLogprobs(model, cfg.logprob_chunk_tokens).eval()
+        decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_multiplier(s, cfg)
+        )
+
+    @property
+    def model(self) -> nn.Module:
+        return self.policy.lm
+
+    def _groups(self, mb: dict) -> tuple:
+        if not self.cfg.share_prompts or mb.get("prompt_lens") is None:
+            return ()
+        check_shared_prompts(
+            mb["input_ids"], mb["attention_mask"], mb["prompt_lens"], mb["group_ids"]
+        )
+        return mb["prompt_lens"], mb["group_ids"]
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, input_ids, attention_mask, topk, temperature=1.0, prompt_lens=None, group_ids=None
+    ) -> LogprobOutput:
+        mb = {"input_ids": input_ids, "attention_mask": attention_mask}
+        mb |= {"prompt_lens": prompt_lens, "group_ids": group_ids}
+        return LogprobOutput(
+            *self.policy(input_ids, attention_mask, topk, temperature, *self._groups(mb))
+        )
+
+    def train_step(self, micro_batches: list[dict[str, Tensor]], loss_fn, temperature=1.0) -> dict:
+        sums = {"loss": 0.0, "entropy_sum": 0.0, "entropy_count": 0.0}
+        for mb in micro_batches:
+            out = self.policy(
+                mb["input_ids"], mb["attention_mask"], 0, temperature, *self._groups(mb)
+            )
+            loss, metrics = loss_fn(out[0], mb)
+            loss.backward()
+            mask = mb.get("completion_mask", mb["attention_mask"]).bool()
+            sums["loss"] += float(loss.detach())
+            sums["entropy_sum"] += float(out[3][mask].sum())
+            sums["entropy_count"] += float(mask.sum())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.zero_grad(set_to_none=True)
+        entropy = sums.pop("entropy_sum") / max(sums.pop("entropy_count"), 1.0)
+        return sums | {
+            "entropy": entropy,
+            "grad_norm": grad_norm,
+            "skipped": float(skipped),
+            "lr": lr,
+        }
+
+    def gathered_state_dict(self) -> dict[str, Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        torch.save(state | {"scheduler": self.scheduler.state_dict()}, Path(directory) / "fake.pt")
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        state = torch.load(Path(directory) / "fake.pt")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def export_hf(self, directory: str | Path, tokenizer=None) -> None:
+        self.model.save_pretrained(str(directory))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(directory))
