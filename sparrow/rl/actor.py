@@ -70,6 +70,8 @@ class ActorConfig:
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"deepspeed.micro_batch_size must be >= 1: {self.micro_batch_size}")
 
 
 @dataclass

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparrow.train.run_history import truncate_metrics
+
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -57,6 +59,19 @@ class MetricsLogger:
             f.write(json.dumps(row) + "\n")
         if self._wandb_run is not None:
             self._wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    def resume_at(self, step: int) -> None:
+        """Cut metrics.jsonl back to `step` (the resumed checkpoint; -1: a fresh start) and
+        re-send the kept rows to W&B, which loses what a killed process had buffered."""
+        if not self.enabled:
+            return
+        rows = truncate_metrics(self.path, step)
+        if self._wandb_run is None:
+            return
+        first_new = self._wandb_run.starting_step  # steps W&B already holds for this run id
+        for row in rows:
+            if row["step"] >= first_new:
+                self._wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
 
     def log_histogram(self, step: int, name: str, values) -> None:
         """A distribution (e.g. per-token acceptance) as a W&B histogram; jsonl keeps summaries."""
