@@ -36,7 +36,7 @@ from sparrow.rl.actor import DenseActor, split_micro_batches
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rollout.engine import LLMEngine, SamplingParams
-from sparrow.tasks.data import PromptIterator, load_prompts
+from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import build_reward, score_batch
 from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.evaluation import evaluate, paired_difference
@@ -74,8 +74,10 @@ class GRPOTrainer:
         ) - max(cfg.rollout.max_new_tokens, cfg.rl.eval.max_new_tokens)
         self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room)
         eval_cfg = cfg.rl.eval
-        self.eval_data = load_prompts(
-            replace(cfg.data, split=eval_cfg.split), self.tokenizer, context_tokens=room
+        self.eval_data = (  # never the training prompts (see load_eval_prompts)
+            load_eval_prompts(cfg.data, eval_cfg.split, self.tokenizer, context_tokens=room)
+            if eval_cfg.every
+            else None
         )
         if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
