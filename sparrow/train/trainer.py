@@ -42,6 +42,7 @@ from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.evaluation import evaluate, paired_difference
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.metrics_logger import MetricsLogger
+from sparrow.train.progress import StepClock
 from sparrow.train.run_config import ResumeMismatch, check_resume, save_run_config
 from sparrow.train.step_monitor import StepMonitor, global_sum
 from sparrow.train.step_report import (
@@ -134,6 +135,7 @@ class GRPOTrainer:
         if self.cfg.rl.eval.every and self.step == 0:
             last_eval = self._evaluate()
             self.logger.log(0, last_eval)
+        clock = StepClock(self.step, self.cfg.rl.steps)
         with GracefulStop() as stop:
             while self.step < self.cfg.rl.steps:
                 metrics = self.train_step()
@@ -149,7 +151,8 @@ class GRPOTrainer:
                     metrics |= last_eval
                 self.logger.log(self.step, metrics)
                 if self.rank == 0 and self.step % self.cfg.logger.console_every == 0:
-                    print(format_step_line(self.step, self.cfg.rl.steps, metrics), flush=True)
+                    line = format_step_line(self.step, self.cfg.rl.steps, metrics)
+                    print(f"{line} | {clock.line(self.step)}", flush=True)
                 every = self.cfg.rl.save_every
                 saved = (every and self.step % every == 0) or self.step == self.cfg.rl.steps
                 if saved:
@@ -246,6 +249,7 @@ class GRPOTrainer:
         t_sync = time.perf_counter()
 
         metrics = rollout_metrics(batch, scores, outputs, self._global_mean)
+        metrics["rollout/preemptions"] = self._global_sum(rollout_stats.num_preemptions)
         metrics |= accept_metrics | speedup
         metrics |= {
             k
