@@ -105,15 +105,16 @@ def test_three_random_kills_leave_an_exact_history(tmp_path):
     for i in range(3):
         log = tmp_path / f"launch{i}"
         proc = _launch(killed, log)
-        # Once training runs (the plan is printed after any resume), kill at a random moment.
-        deadline = time.monotonic() + 600
-        while " steps x " not in log.with_suffix(".out").read_text() and proc.poll() is None:
-            assert time.monotonic() < deadline, log.with_suffix(".err").read_text()[-3000:]
-            time.sleep(0.05)
-        assert proc.poll() is None, log.with_suffix(".err").read_text()[-3000:]
-        time.sleep(rng.uniform(2.0, 20.0))
-        os.killpg(proc.pid, signal.SIGKILL)  # the process and wandb's service with it
-        proc.wait()
+        try:  # once training runs (the plan is printed after any resume), kill at random
+            deadline = time.monotonic() + 600
+            while " steps x " not in log.with_suffix(".out").read_text() and proc.poll() is None:
+                assert time.monotonic() < deadline, log.with_suffix(".err").read_text()[-3000:]
+                time.sleep(0.05)
+            assert proc.poll() is None, log.with_suffix(".err").read_text()[-3000:]
+            time.sleep(rng.uniform(2.0, 20.0))
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the process and wandb's service with it
+            proc.wait()
         if i == 1:  # as if the kill had landed inside a write: a torn last line
             with open(killed / "metrics.jsonl", "a") as f:
                 f.write('{"step": 99, "loss/lo')
