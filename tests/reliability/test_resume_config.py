@@ -13,18 +13,13 @@ import pytest
 
 from sparrow.cli.train import main
 from sparrow.config import SparrowConfig
-from sparrow.train.run_config import (
-    FILE_NAME,
-    ResumeMismatch,
-    check_resume,
-    differing_keys,
-    save_run_config,
-)
 
 TINY = ["preset=tiny", "rl.eval.every=0", "rl.save_every=1"]
 
 
 def test_only_run_changing_keys_differ():
+    from sparrow.train.run_config import differing_keys
+
     base = SparrowConfig()
     changed = replace(
         base,
@@ -38,6 +33,8 @@ def test_only_run_changing_keys_differ():
 
 
 def test_resume_with_another_config_is_refused_unless_allowed(tmp_path):
+    from sparrow.train.run_config import FILE_NAME, ResumeMismatch, check_resume, save_run_config
+
     base = SparrowConfig()
     save_run_config(tmp_path, asdict(base))
     assert json.loads((tmp_path / FILE_NAME).read_text())["rl"]["group_size"] == 8

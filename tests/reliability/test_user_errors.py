@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparrow.cli.errors import run_main, user_error_line
 from sparrow.cli.train import main
 from sparrow.train.checkpoint import CheckpointManager
 
@@ -65,6 +64,8 @@ def test_model_that_is_not_there_is_one_line_naming_the_key(capsys, tmp_path, na
 
 
 def test_full_disk_during_a_checkpoint_says_so(tmp_path):
+    from sparrow.cli.errors import user_error_line
+
     # /dev/full fails every write with ENOSPC: torch's writer reports it without an errno.
     def save_actor(directory: Path) -> None:
         torch.save(torch.zeros(1 << 16), "/dev/full")
@@ -79,6 +80,8 @@ def test_full_disk_during_a_checkpoint_says_so(tmp_path):
 
 
 def test_boundary_keeps_the_traceback_of_a_bug(capsys):
+    from sparrow.cli.errors import run_main
+
     def bug() -> int:
         raise KeyError("an internal mistake")
 

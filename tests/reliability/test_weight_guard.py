@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from sparrow.train.checkpoint import verify
-from sparrow.train.weight_guard import NonFiniteWeights, check_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = Path(__file__).with_name("pause_at.py")
@@ -28,6 +27,8 @@ ENV |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, 1e30])
 def test_guard_stops_on_non_finite_or_overflowing_weights(bad):
+    from sparrow.train.weight_guard import NonFiniteWeights, check_weights
+
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     assert math.isfinite(check_weights(model, 1, 7, lambda: None))
     with torch.no_grad():
