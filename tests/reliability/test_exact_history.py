@@ -3,8 +3,9 @@
 Fast: the metrics file cut back to the resumed step (redone steps, a torn line, a row glued onto
 a torn one), and the logger re-sending the kept rows to a W&B offline run that lost them. Slow:
 a real `sparrow-train preset=smoke` SIGKILLed (whole process group, wandb's service included) at
-random points three times in a row, then finished; its metrics.jsonl must equal an uninterrupted
-run's (timings aside) and its offline W&B files must hold every step.
+random points three times in a row (a random delay after a given step is logged, so that every
+launch both redoes a logged step and makes progress), then finished; its metrics.jsonl must
+equal an uninterrupted run's (timings aside) and its offline W&B files must hold every step.
 """
 
 import json
@@ -72,7 +73,8 @@ def test_resumed_logger_restores_the_steps_wandb_lost(tmp_path):
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1  # one run id, resumed
 
 
-STEPS = 5
+STEPS = 6
+KILL_AFTER = (1, 3, 4)  # each launch is killed at a random point after this step is logged
 COMMON = [
     "preset=smoke",
     f"rl.steps={STEPS}",
@@ -91,6 +93,14 @@ def _launch(run_dir: Path, log: Path) -> subprocess.Popen:
         )
 
 
+def _last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return -1
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()[:-1]]
+    return max(steps, default=-1)  # the last line may be in the middle of its write
+
+
 def _comparable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
 
@@ -103,16 +113,16 @@ def test_three_random_kills_leave_an_exact_history(tmp_path):
 
     rng = random.Random(23)
     killed = tmp_path / "killed"
-    for i in range(3):
+    for i, logged in enumerate(KILL_AFTER):
         log = tmp_path / f"launch{i}"
         proc = _launch(killed, log)
-        try:  # once training runs (the plan is printed after any resume), kill at random
+        try:  # once step `logged` is in metrics.jsonl, kill at a random moment of the next one
             deadline = time.monotonic() + 600
-            while " steps x " not in log.with_suffix(".out").read_text() and proc.poll() is None:
+            while _last_step(killed) < logged and proc.poll() is None:
                 assert time.monotonic() < deadline, log.with_suffix(".err").read_text()[-3000:]
-                time.sleep(0.05)
+                time.sleep(0.02)
             assert proc.poll() is None, log.with_suffix(".err").read_text()[-3000:]
-            time.sleep(rng.uniform(2.0, 20.0))
+            time.sleep(rng.uniform(0.0, 2.0))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)  # the process and wandb's service with it
             proc.wait()
