@@ -74,7 +74,10 @@ def test_resumed_logger_restores_the_steps_wandb_lost(tmp_path):
 
 
 STEPS = 6
-KILL_AFTER = (1, 3, 4)  # each launch is killed at a random point after this step is logged
+# The first launch is frozen inside its step-2 checkpoint write (row logged, checkpoint not): a
+# sure redo of a logged step, the case that used to log a step twice. The next two are killed at
+# a random moment once they have logged a step of their own.
+KILLS = ["checkpoint", "random", "random"]
 COMMON = [
     "preset=smoke",
     f"rl.steps={STEPS}",
@@ -82,15 +85,25 @@ COMMON = [
     "rl.eval.every=2",
     "rl.reward.name=test_length",  # non-zero advantages: the weights really move
 ]
-TIMING = ("time/", "speedup/measured", "throughput/")
+TIMING = ("time/", "speedup/measured")  # and every *_tok_s rate
 
 
-def _launch(run_dir: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(log), *COMMON, f"run_dir={run_dir}"]
+def _launch(run_dir: Path, log: Path, phase: str = "none", step: int = 0) -> subprocess.Popen:
+    marker = log.with_suffix(".paused")
+    cmd = [sys.executable, str(PAUSE_AT), phase, str(step), str(marker), *COMMON]
+    cmd.append(f"run_dir={run_dir}")
     with open(log.with_suffix(".out"), "w") as out, open(log.with_suffix(".err"), "w") as err:
         return subprocess.Popen(
             cmd, cwd=ROOT, env=ENV, stdout=out, stderr=err, start_new_session=True
         )
+
+
+def _wait(proc: subprocess.Popen, log: Path, done, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert proc.poll() is None, log.with_suffix(".err").read_text()[-3000:]
+        assert time.monotonic() < deadline, log.with_suffix(".err").read_text()[-3000:]
+        time.sleep(0.02)
 
 
 def _last_step(run_dir: Path) -> int:
@@ -102,7 +115,10 @@ def _last_step(run_dir: Path) -> int:
 
 
 def _comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+    return [
+        {k: v for k, v in row.items() if not k.startswith(TIMING) and not k.endswith("_tok_s")}
+        for row in rows
+    ]
 
 
 @pytest.mark.slow
@@ -113,16 +129,17 @@ def test_three_random_kills_leave_an_exact_history(tmp_path):
 
     rng = random.Random(23)
     killed = tmp_path / "killed"
-    for i, logged in enumerate(KILL_AFTER):
+    for i, kind in enumerate(KILLS):
         log = tmp_path / f"launch{i}"
-        proc = _launch(killed, log)
-        try:  # once step `logged` is in metrics.jsonl, kill at a random moment of the next one
-            deadline = time.monotonic() + 600
-            while _last_step(killed) < logged and proc.poll() is None:
-                assert time.monotonic() < deadline, log.with_suffix(".err").read_text()[-3000:]
-                time.sleep(0.02)
-            assert proc.poll() is None, log.with_suffix(".err").read_text()[-3000:]
-            time.sleep(rng.uniform(0.0, 2.0))
+        proc = _launch(killed, log, *(("checkpoint", 2) if kind == "checkpoint" else ("none", 0)))
+        try:
+            if kind == "checkpoint":
+                _wait(proc, log, lambda log=log: log.with_suffix(".paused").exists())
+            else:  # the plan line comes after the resume; then one step of this launch
+                _wait(proc, log, lambda log=log: " steps x " in log.with_suffix(".out").read_text())
+                start = _last_step(killed)
+                _wait(proc, log, lambda start=start: _last_step(killed) > start)
+                time.sleep(rng.uniform(0.0, 1.0))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)  # the process and wandb's service with it
             proc.wait()
@@ -133,6 +150,8 @@ def test_three_random_kills_leave_an_exact_history(tmp_path):
     last = tmp_path / "final"
     proc = _launch(killed, last)
     assert proc.wait(timeout=900) == 0, last.with_suffix(".err").read_text()[-3000:]
+    redone = (tmp_path / "launch1.err").read_text()  # resumed at 1, the step-2 row was logged
+    assert "metrics.jsonl: cut back to step 1 (1 later rows and 0 torn lines removed)" in redone
 
     got, expected = _rows(killed / "metrics.jsonl"), _rows(straight / "metrics.jsonl")
     assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(STEPS + 1))
