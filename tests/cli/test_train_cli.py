@@ -76,7 +76,7 @@ def test_smoke_preset_two_steps_end_to_end(tmp_path):
     assert (tmp_path / "checkpoints" / "step_000002" / "COMPLETE").is_file()
     assert (tmp_path / "policy" / "config.json").is_file()
     assert "step 2/2" in out.stdout
-    assert re.search(r"step 1/2 .* \| 50% \| \d+s elapsed, eta \d+s", out.stdout), out.stdout
+    assert re.search(r"step 1/2 .* \| 50% \| \S+ elapsed, eta \S+", out.stdout), out.stdout
     assert re.search(r"step 2/2 .* \| 100% \| \S+ elapsed, eta 0s", out.stdout), out.stdout
 
 
