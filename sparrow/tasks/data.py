@@ -100,7 +100,7 @@ def load_eval_prompts(
     if cfg.heldout_fraction == 0:
         raise DataError(
             f"no evaluation data for {cfg.source}: set data.eval_source=FILE or "
-            "data.heldout_fraction > 0 (or rl.eval.every=0)"
+            "data.heldout_fraction > 0"
         )
     return load_prompts(cfg, tokenizer, context_tokens, heldout=True)
 
@@ -131,12 +131,13 @@ def load_prompts(
             )
     split, row_ids = cfg.split, list(range(len(rows)))
     if cfg.eval_source is None and cfg.heldout_fraction > 0 and _is_local(cfg.source):
-        fraction = cfg.heldout_fraction
-        row_ids = [
-            i for i in row_ids if _is_heldout(rows[i][cfg.prompt_column], fraction) == heldout
-        ]
+        # The share of rows with the lowest prompt hashes: independent of row order, and at
+        # least one row held out (and one kept) for any file of two rows or more.
+        ranked = sorted(row_ids, key=lambda i: _prompt_hash(rows[i][cfg.prompt_column]))
+        held = set(ranked[: min(max(1, round(cfg.heldout_fraction * len(rows))), len(rows) - 1)])
+        row_ids = [i for i in row_ids if (i in held) == heldout]
         rows = [rows[i] for i in row_ids]
-        share = f"{cfg.heldout_fraction:.0%} of rows by prompt hash"
+        share = f"{cfg.heldout_fraction:.0%} of rows by prompt hash"  # at least one row
         split = f"held out: {share}" if heldout else f"train: the rest after {share} held out"
         if not rows:
             raise DataError(
@@ -185,10 +186,9 @@ def _is_local(source: str | None) -> bool:
     return os.path.splitext(source)[1].lower() in _FILE_BUILDERS or os.path.exists(source)
 
 
-def _is_heldout(prompt: Any, fraction: float) -> bool:
-    """Whether a row belongs to the held-out share: a hash of its prompt, not its position."""
-    digest = hashlib.sha256(json.dumps(prompt, sort_keys=True).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+def _prompt_hash(prompt: Any) -> bytes:
+    """A row's place in the held-out ranking: a hash of its prompt, not its position."""
+    return hashlib.sha256(json.dumps(prompt, sort_keys=True).encode()).digest()
 
 
 def _load_rows(cfg: DataConfig) -> tuple[list[dict], set[str], str]:

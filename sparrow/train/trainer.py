@@ -75,10 +75,8 @@ class GRPOTrainer:
         ) - max(cfg.rollout.max_new_tokens, cfg.rl.eval.max_new_tokens)
         self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room)
         eval_cfg = cfg.rl.eval
-        self.eval_data = (  # never the training prompts (see load_eval_prompts)
-            load_eval_prompts(cfg.data, eval_cfg.split, self.tokenizer, context_tokens=room)
-            if eval_cfg.every
-            else None
+        self.eval_data = load_eval_prompts(  # never the training prompts
+            cfg.data, eval_cfg.split, self.tokenizer, context_tokens=room
         )
         if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
