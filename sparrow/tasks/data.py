@@ -106,15 +106,15 @@ def load_eval_prompts(
 
 
 def load_prompts(
-    cfg: DataConfig, tokenizer, context_tokens: int | None = None, heldout: bool = False
+    cfg: DataConfig, tokenizer, context_tokens: int | None = None, heldout: bool | None = None
 ) -> PromptDataset:
     """Load `cfg.source`, map its columns, template and tokenize, and drop too-long prompts.
 
     `context_tokens`: what a prompt may use of the model's and the engine's context window (the
     window minus the completion cap); prompts over min(cfg.max_prompt_tokens, context_tokens)
     are skipped and counted, so that one long row cannot end a run inside the engine.
-    A local file without `eval_source` is split by `heldout_fraction`: `heldout` picks the
-    held-out share (for evaluation) instead of the rest (for training).
+    `heldout`: None loads every row; for a local file without `eval_source`, True picks the
+    held-out share (`heldout_fraction`, for evaluation) and False the rest (for training).
     """
     if cfg.source is None:
         raise DataError("data.source is not set: give a file, e.g. data.source=train.jsonl")
@@ -130,7 +130,8 @@ def load_prompts(
                 f"{role} column {column!r} not found in {source}; columns are {sorted(columns)}"
             )
     split, row_ids = cfg.split, list(range(len(rows)))
-    if cfg.eval_source is None and cfg.heldout_fraction > 0 and _is_local(cfg.source):
+    split_off = cfg.eval_source is None and cfg.heldout_fraction > 0 and _is_local(cfg.source)
+    if heldout is not None and split_off:
         # The share of rows with the lowest prompt hashes: independent of row order, and at
         # least one row held out (and one kept) for any file of two rows or more.
         ranked = sorted(row_ids, key=lambda i: _prompt_hash(rows[i][cfg.prompt_column]))

@@ -73,7 +73,7 @@ class GRPOTrainer:
             getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
             eng.num_pages * eng.page_size,
         ) - max(cfg.rollout.max_new_tokens, cfg.rl.eval.max_new_tokens)
-        self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room)
+        self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room, heldout=False)
         eval_cfg = cfg.rl.eval
         self.eval_data = load_eval_prompts(  # never the training prompts
             cfg.data, eval_cfg.split, self.tokenizer, context_tokens=room

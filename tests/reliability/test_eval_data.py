@@ -36,11 +36,11 @@ def _texts(data) -> set[str]:
 
 def test_one_file_is_split_into_disjoint_train_and_heldout_parts(tokenizer, tmp_path):
     cfg = DataConfig(source=_write(tmp_path / "all.jsonl", ROWS), chat_template=False)
-    train = load_prompts(cfg, tokenizer)
+    train = load_prompts(cfg, tokenizer, heldout=False)
     held = load_eval_prompts(cfg, "heldout", tokenizer)
     assert _texts(train).isdisjoint(_texts(held))
     assert len(train) + len(held) == len(ROWS)
-    assert 5 <= len(held) <= 40  # ~10% of 200
+    assert len(held) == 20  # 10% of 200
     assert "held out: 10% of rows by prompt hash" in held.summary()
     assert "train: the rest after 10% of rows by prompt hash held out" in train.summary()
     # The split follows the prompts, not their positions.
@@ -58,7 +58,8 @@ def test_eval_source_is_its_own_file(tokenizer, tmp_path):
         eval_source=_write(tmp_path / "eval.jsonl", eval_rows),
         chat_template=False,
     )
-    assert len(load_prompts(cfg, tokenizer)) == len(ROWS)  # all of the training file trains
+    # all of the training file trains
+    assert len(load_prompts(cfg, tokenizer, heldout=False)) == len(ROWS)
     held = load_eval_prompts(cfg, "heldout", tokenizer)
     assert [p.answer for p in held.prompts] == [r["answer"] for r in eval_rows]
 
@@ -67,6 +68,6 @@ def test_no_heldout_share_and_no_eval_file_is_refused(tokenizer, tmp_path):
     cfg = DataConfig(
         source=_write(tmp_path / "all.jsonl", ROWS), chat_template=False, heldout_fraction=0.0
     )
-    assert len(load_prompts(cfg, tokenizer)) == len(ROWS)
+    assert len(load_prompts(cfg, tokenizer, heldout=False)) == len(ROWS)
     with pytest.raises(DataError, match="set data.eval_source=FILE or data.heldout_fraction"):
         load_eval_prompts(cfg, "heldout", tokenizer)
