@@ -5,6 +5,7 @@ the way conf/ does (model, data, rollout, schedule, controller, monitor, rl, act
 logger) and adds the run-level fields. Library code receives these dataclasses, never a DictConfig.
 """
 
+import os
 from dataclasses import dataclass, field
 
 from sparrow.control.acceptance import MonitorConfig
@@ -78,6 +79,9 @@ class RLConfig:
             )
 
 
+RESUME_MODES = ("auto", "never")  # or a checkpoint path
+
+
 @dataclass
 class SparrowConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -93,9 +97,32 @@ class SparrowConfig:
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
     seed: int = 0  # seeds torch, python and numpy (and so sampling) on every rank
     resume: str = "auto"  # auto: newest complete checkpoint in run_dir if any | never | a path
+    # refuse: resuming a run dir whose stored config differs in a key that changes the run
+    # (model, data, batch shape, optimizer, loss) stops with the list; allow: resume anyway.
+    resume_mismatch: str = "refuse"
     dry_run: bool = False  # load model and data, print the plan, stop before training
 
     def __post_init__(self):
+        if self.resume not in RESUME_MODES and not os.path.isdir(self.resume):
+            raise ValueError(
+                f"resume={self.resume!r}: expected auto, never or an existing checkpoint "
+                "directory (e.g. runs/x/checkpoints/step_000010)"
+            )
+        if self.resume_mismatch not in ("refuse", "allow"):
+            raise ValueError(f"resume_mismatch={self.resume_mismatch!r}: expected refuse or allow")
+        eng = self.rollout.engine
+        if eng.num_pages < 1 or eng.page_size < 1:
+            raise ValueError(
+                f"rollout.engine.num_pages and page_size must be >= 1, got {eng.num_pages} "
+                f"and {eng.page_size}"
+            )
+        completion = max(self.rollout.max_new_tokens, self.rl.eval.max_new_tokens)
+        if eng.num_pages * eng.page_size <= completion:
+            raise ValueError(
+                f"rollout.engine.num_pages={eng.num_pages} holds {eng.num_pages * eng.page_size} "
+                f"tokens, no room for a prompt plus a {completion}-token completion: raise "
+                "rollout.engine.num_pages"
+            )
         check_shared_knobs(self)
 
 

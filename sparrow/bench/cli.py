@@ -1,10 +1,17 @@
 """`sparrow-bench <name> [args]`: dispatch to a benchmark module's `main(argv)`.
 
+    sparrow-bench kernel [--help]    paged sparse vs dense decode: time, bytes, HBM fraction
+    sparrow-bench rollout [--help]   engine vs HF generate; sparse vs dense decode and p5
+    sparrow-bench step [--help]      one GRPO step, sparse vs dense rollouts: phases, speedups
+
 Modules are imported only when chosen, so one benchmark's heavy imports never slow another.
+Bad input ends with one line and exit code 2 (sparrow.cli.errors).
 """
 
 import importlib
 import sys
+
+from sparrow.cli.errors import run_main
 
 COMMANDS = {
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
@@ -14,10 +21,16 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    return run_main("sparrow-bench", lambda: _dispatch(sys.argv[1:] if argv is None else argv))
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1])
+        return 0
     if not argv or argv[0] not in COMMANDS:
         names = ", ".join(sorted(COMMANDS))
-        print(f"usage: sparrow-bench {{{names}}} [--help]", file=sys.stderr)
+        print(f"usage: sparrow-bench {{{names}}} [--help]  (sparrow-bench --help)", file=sys.stderr)
         return 2
     from sparrow.malloc import tune_cpu_allocator
 

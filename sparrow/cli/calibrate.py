@@ -19,6 +19,8 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from sparrow.cli.errors import run_main
+
 USAGE = __doc__
 
 
@@ -37,6 +39,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_main("sparrow-calibrate", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     args, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
     bad = [o for o in overrides if o.startswith("-")]
     if bad:

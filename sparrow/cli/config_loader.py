@@ -16,10 +16,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from sparrow.cli.errors import UserError
 from sparrow.config import SparrowConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config that does not compose or validate; str() is one line naming the key."""
 
 
@@ -33,6 +34,12 @@ def conf_dir() -> Path:
 
 def compose_dict(overrides: list[str], config_name: str = "config"):
     """The composed DictConfig (validated against the schema), for printing."""
+    hydra_keys = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
+    if hydra_keys:  # composed without Hydra's app runner: hydra.* would be silently ignored
+        raise ConfigError(
+            f"{hydra_keys[0].split('=')[0]} is not used by sparrow: set run_dir=PATH for the "
+            "output directory"
+        )
     ConfigStore.instance().store(name="sparrow_schema", node=SparrowConfig)
     GlobalHydra.instance().clear()
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from sparrow.cli.errors import run_main
 from sparrow.control.schedule import build_schedule, load_schedule_config
 from sparrow.malloc import tune_cpu_allocator
 from sparrow.models.loading import ModelConfig, load_model
@@ -32,6 +33,10 @@ from sparrow.tasks.generators import TaskConfig
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_main("sparrow-generate", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parse(argv)
     if args.budget_tokens is not None and args.schedule is not None:
         print("sparrow-generate: give --budget-tokens or --schedule, not both", file=sys.stderr)

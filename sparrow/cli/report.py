@@ -2,18 +2,22 @@
 
 One figure per panel (reward, held-out accuracy, p5/p1/mean acceptance per position bin with the
 tau line, budget per bin, KV-read ratio, predicted vs measured speedup, time split); several run
-directories are overlaid, one colour per run.
+directories are overlaid, one colour per run. Per-bin series are labelled by the positions the
+bin covers (from the run's stored run_config.json: schedule.bin_tokens), e.g. `p5 pos 0-2047`.
 
     sparrow-report runs/default --out runs/default/report
 """
 
 import argparse
+import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparrow.cli.errors import run_main
 from sparrow.train.metrics_logger import read_metrics
+from sparrow.train.run_config import FILE_NAME as RUN_CONFIG
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ def render(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     runs = {d.name if len(run_dirs) > 1 else "": read_metrics(d) for d in run_dirs}
+    bin_tokens = {d.name if len(run_dirs) > 1 else "": _bin_tokens(d) for d in run_dirs}
     if not any(runs.values()):
         raise SystemExit(f"sparrow-report: no metrics.jsonl rows in {[str(d) for d in run_dirs]}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -61,7 +66,7 @@ def render(run_dirs: list[Path], out_dir: Path) -> list[Path]:
                 xs = [r["step"] for r in rows if isinstance(r.get(key), (int, float))]
                 ys = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
                 if xs:
-                    label = f"{run_name} {key}".strip()
+                    label = f"{run_name} {_series_label(key, bin_tokens[run_name])}".strip()
                     ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=label)
                     drawn += 1
             if panel.hline_key:
@@ -114,11 +119,32 @@ def _histogram(runs: dict, out_dir: Path, plt) -> Path | None:
     return path
 
 
+def _bin_tokens(run_dir: Path) -> int | None:
+    """The run's position-bin width, from the config it stored; None when unknown."""
+    try:
+        return int(json.loads((run_dir / RUN_CONFIG).read_text())["schedule"]["bin_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _series_label(key: str, bin_tokens: int | None) -> str:
+    """`accept/p5/bin1` -> `accept/p5 pos 2048-4095` (with 2048-token bins)."""
+    match = re.fullmatch(r"(.*)/bin(\d+)", key)
+    if match is None or bin_tokens is None:
+        return key
+    i = int(match.group(2))
+    return f"{match.group(1)} pos {i * bin_tokens}-{(i + 1) * bin_tokens - 1}"
+
+
 def _natural(key: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_main("sparrow-report", lambda: _report(argv))
+
+
+def _report(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="sparrow-report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (metrics.jsonl)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (RUN_DIR/report)")

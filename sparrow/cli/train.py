@@ -7,17 +7,26 @@
 
 Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
 
-Bad input (config, data, a value a component rejects) ends with one line on stderr and exit code
-2; a streak of non-finite updates (rl.max_nonfinite_streak) with one line and exit code 3.
+Exit codes: 0 done; 2 bad input (config, data, model, paths, disk, a run dir whose config or
+checkpoint does not match), one line on stderr naming the key or path; 3 training stopped on
+non-finite updates or weights, one line naming the last good checkpoint; 128 + signal after
+SIGTERM/SIGINT, once the step in flight is finished and checkpointed (a second signal exits at
+once). resume=auto (the default) continues from the newest complete checkpoint.
 """
 
 import logging
 import sys
 
+from sparrow.cli.errors import UserError, one_line, run_main
+
 USAGE = __doc__
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_main("sparrow-train", lambda: _train(argv))
+
+
+def _train(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
@@ -43,30 +52,40 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from sparrow.malloc import tune_cpu_allocator
-    from sparrow.tasks.data import DataError
+    from sparrow.train.graceful_stop import StopRequested
+    from sparrow.train.run_config import ResumeMismatch
     from sparrow.train.trainer import GRPOTrainer, NonFiniteStreak
+    from sparrow.train.weight_guard import NonFiniteWeights
 
     tune_cpu_allocator()
 
     try:
         trainer = GRPOTrainer(cfg)
-    except (DataError, ValueError) as err:  # bad input found while loading model, data, parts
-        print(f"sparrow-train: error: {_one_line(err)}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        if err.errno is not None:  # a path: the boundary names it
+            raise
+        # transformers reports a model it cannot find (offline, or not a directory) this way.
+        raise UserError(
+            f"cannot load model.name={cfg.model.name!r} ({one_line(err)}): give a local model "
+            "directory or a hub id present in the HF cache"
+        ) from err
+    except ValueError as err:  # bad input found while loading model, data, parts
+        raise UserError(one_line(err)) from err
     if cfg.dry_run:
         print(trainer.plan())
         print("dry run: model and data loaded, stopping before training")
         return 0
     try:
         trainer.fit()
-    except NonFiniteStreak as err:
-        print(f"sparrow-train: stopped: {_one_line(err)}", file=sys.stderr)
+    except ResumeMismatch as err:
+        raise UserError(one_line(err)) from err
+    except (NonFiniteStreak, NonFiniteWeights) as err:
+        print(f"sparrow-train: stopped: {one_line(err)}", file=sys.stderr)
         return 3
+    except StopRequested as stop:
+        print(f"sparrow-train: {stop}", file=sys.stderr)
+        return stop.exit_code
     return 0
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ class ControllerConfig:
     min_tokens: int = 200  # bins with fewer tokens in a step are not acted on
     start_smallest: bool = False  # online: start at the smallest grid budget everywhere
 
+    def __post_init__(self):
+        if not 0 < self.tau <= 1:  # an acceptance probability: above 1 no bin could ever pass
+            raise ValueError(f"controller.tau must be in (0, 1], got {self.tau}")
+
 
 def step_up(budget: int, grid: Sequence[int]) -> int:
     """Smallest grid budget above `budget`; `budget` itself at the top of the grid."""

@@ -70,6 +70,8 @@ class ActorConfig:
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"actor.micro_batch_size must be >= 1: {self.micro_batch_size}")
 
 
 @dataclass
@@ -346,6 +348,13 @@ class DenseActor:
         path, _ = self.engine.load_checkpoint(str(directory), tag="deepspeed")
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+        # The configured peak LR wins over the checkpoint's: resuming with a lower actor.lr
+        # (say after a divergence) must take effect, not be overwritten by the saved schedule.
+        scheduler = self.engine.lr_scheduler
+        scheduler.base_lrs = [self.cfg.lr] * len(scheduler.base_lrs)
+        lr = self.cfg.lr * lr_multiplier(scheduler.last_epoch, self.cfg)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
 
     def export_hf(self, directory: str | Path, tokenizer: Any = None) -> None:
         """Write the policy as an HF model directory (rank 0 writes; all ranks must call)."""

@@ -7,12 +7,14 @@ variants once from a `LossConfig`. Three policies appear per token:
 - current: the dense policy being trained (`logprobs`, with grad).
 
 Per token: ratio r = exp(logp - logp_old); PPO loss max(-A r, -A clip(r, 1 - eps_low,
-1 + eps_high)) with clip-higher (DAPO, arXiv 2503.14476); optional dual clip bounds the loss of
-A < 0 tokens at -c A (arXiv 1912.09729); times the truncated importance sampling weight
-min(exp(logp_old - logp_rollout), C), detached, which corrects for sampling from the sparse engine
-rather than from the dense policy (Sparrow §RL recipe; Yao et al., "Your efficient RL framework
-secretly brings you off-policy RL training"). Optional KL to a reference policy (k1 or k3,
-Schulman's "Approximating KL divergence"), not TIS-weighted.
+1 + eps_high)) with clip-higher (DAPO, arXiv 2503.14476); the dual clip (default c = 3,
+`dual_clip=null` turns it off) bounds the loss of A < 0 tokens at -c A (arXiv 1912.09729);
+times the truncated importance sampling weight min(exp(logp_old - logp_rollout), C), detached,
+which corrects for sampling from the sparse engine rather than from the dense policy (Sparrow
+§RL recipe; Yao et al., "Your efficient RL framework secretly brings you off-policy RL
+training"). The KL-to-reference estimators (k1 or k3, Schulman's "Approximating KL divergence")
+are here as pure functions, but the trainer keeps no reference policy: a nonzero kl_coef is
+refused at config load.
 
 Aggregation is the token mean over the whole step: each micro-batch's token sum is divided by the
 *global* completion-token count of the step, so summing the micro-batch losses (and all-reducing
@@ -50,7 +52,9 @@ METRIC_REDUCTIONS = {
 class LossConfig:
     clip_low: float = 0.2  # ratio lower bound is 1 - clip_low
     clip_high: float = 0.28  # ratio upper bound is 1 + clip_high (clip-higher)
-    dual_clip: float | None = None  # c > 1 caps the loss of A < 0 tokens at -c * A; None: off
+    # c > 1 caps the loss of A < 0 tokens at -c * A; None: off. On by default (c = 3, the
+    # paper's and verl's value): one token with a huge ratio would otherwise own the step.
+    dual_clip: float | None = 3.0
     tis_cap: float | None = 2.0  # C in min(exp(logp_old - logp_rollout), C); None: no TIS weight
     kl_coef: float = 0.0  # weight of the KL-to-reference term; 0: off (no reference pass needed)
     kl_estimator: str = "k3"  # "k1" (logp - logp_ref) | "k3" (exp(d) - d - 1, d = logp_ref - logp)

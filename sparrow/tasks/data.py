@@ -12,10 +12,12 @@ its whole state is (epoch, position): `state_dict()` goes into a checkpoint and
 `load_state_dict()` resumes with exactly the batches an uninterrupted run would have seen.
 """
 
+import hashlib
+import json
 import os
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparrow.tasks.generators import TaskConfig, generate_tasks
@@ -38,7 +40,19 @@ class DataConfig:
     chat_template: bool = True  # render with the tokenizer's chat template; False: plain text
     max_prompt_tokens: int = 4096  # longer prompts are skipped and counted
     shuffle_seed: int | None = 0  # seeds the per-epoch shuffle; None keeps the source order
+    # Evaluation data: a file (or hub name) of its own, same columns. None: the task generator's
+    # held-out split, a hub dataset's rl.eval.split, or for a local file a held-out share of it.
+    eval_source: str | None = None
+    # A local source without eval_source: this share of its rows (chosen by a hash of the prompt,
+    # so stable across runs and row order) is held out for evaluation and never trained on.
+    heldout_fraction: float = 0.1
     tasks: TaskConfig = field(default_factory=TaskConfig)  # generator settings for "tasks"
+
+    def __post_init__(self):
+        if not 0 <= self.heldout_fraction < 1:
+            raise ValueError(
+                f"data.heldout_fraction must be in [0, 1), got {self.heldout_fraction}"
+            )
 
 
 @dataclass(frozen=True)
@@ -73,12 +87,34 @@ class PromptDataset:
         )
 
 
-def load_prompts(cfg: DataConfig, tokenizer, context_tokens: int | None = None) -> PromptDataset:
+def load_eval_prompts(
+    cfg: DataConfig, eval_split: str, tokenizer, context_tokens: int | None = None
+) -> PromptDataset:
+    """The evaluation prompts, never the training ones: `cfg.eval_source` when set; else the
+    generator's or hub dataset's `eval_split`; else the held-out share of a local file."""
+    if cfg.eval_source is not None:
+        own = replace(cfg, source=cfg.eval_source, eval_source=None, heldout_fraction=0.0)
+        return load_prompts(own, tokenizer, context_tokens)
+    if not _is_local(cfg.source):
+        return load_prompts(replace(cfg, split=eval_split), tokenizer, context_tokens)
+    if cfg.heldout_fraction == 0:
+        raise DataError(
+            f"no evaluation data for {cfg.source}: set data.eval_source=FILE or "
+            "data.heldout_fraction > 0"
+        )
+    return load_prompts(cfg, tokenizer, context_tokens, heldout=True)
+
+
+def load_prompts(
+    cfg: DataConfig, tokenizer, context_tokens: int | None = None, heldout: bool | None = None
+) -> PromptDataset:
     """Load `cfg.source`, map its columns, template and tokenize, and drop too-long prompts.
 
     `context_tokens`: what a prompt may use of the model's and the engine's context window (the
     window minus the completion cap); prompts over min(cfg.max_prompt_tokens, context_tokens)
     are skipped and counted, so that one long row cannot end a run inside the engine.
+    `heldout`: None loads every row; for a local file without `eval_source`, True picks the
+    held-out share (`heldout_fraction`, for evaluation) and False the rest (for training).
     """
     if cfg.source is None:
         raise DataError("data.source is not set: give a file, e.g. data.source=train.jsonl")
@@ -93,6 +129,22 @@ def load_prompts(cfg: DataConfig, tokenizer, context_tokens: int | None = None) 
             raise DataError(
                 f"{role} column {column!r} not found in {source}; columns are {sorted(columns)}"
             )
+    split, row_ids = cfg.split, list(range(len(rows)))
+    split_off = cfg.eval_source is None and cfg.heldout_fraction > 0 and _is_local(cfg.source)
+    if heldout is not None and split_off:
+        # The share of rows with the lowest prompt hashes: independent of row order, and at
+        # least one row held out (and one kept) for any file of two rows or more.
+        ranked = sorted(row_ids, key=lambda i: _prompt_hash(rows[i][cfg.prompt_column]))
+        held = set(ranked[: min(max(1, round(cfg.heldout_fraction * len(rows))), len(rows) - 1)])
+        row_ids = [i for i in row_ids if (i in held) == heldout]
+        rows = [rows[i] for i in row_ids]
+        share = f"{cfg.heldout_fraction:.0%} of rows by prompt hash"  # at least one row
+        split = f"held out: {share}" if heldout else f"train: the rest after {share} held out"
+        if not rows:
+            raise DataError(
+                f"{source}: no {'held-out' if heldout else 'training'} rows left by "
+                f"data.heldout_fraction={cfg.heldout_fraction}; set data.eval_source=FILE"
+            )
     if cfg.chat_template and getattr(tokenizer, "chat_template", None) is None:
         raise DataError(
             "the tokenizer has no chat template; set data.chat_template=false to feed prompts "
@@ -100,13 +152,14 @@ def load_prompts(cfg: DataConfig, tokenizer, context_tokens: int | None = None) 
         )
 
     texts = [
-        _render(cfg, tokenizer, row[cfg.prompt_column], i, source) for i, row in enumerate(rows)
+        _render(cfg, tokenizer, row[cfg.prompt_column], i, source)
+        for i, row in zip(row_ids, rows, strict=True)
     ]
     # Chat templates write their own special tokens (BOS included); plain text gets the
     # tokenizer's defaults.
     token_ids = tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"]
     prompts = []
-    for i, (row, text, ids) in enumerate(zip(rows, texts, token_ids, strict=True)):
+    for i, row, text, ids in zip(row_ids, rows, texts, token_ids, strict=True):
         if len(ids) > limit:
             continue
         answer = row[cfg.answer_column]
@@ -125,7 +178,18 @@ def load_prompts(cfg: DataConfig, tokenizer, context_tokens: int | None = None) 
         raise DataError(
             f"all {len(rows)} prompts of {source} are longer than {limit} tokens ({why})"
         )
-    return PromptDataset(prompts, source, cfg.split, len(rows), len(rows) - len(prompts), limit)
+    return PromptDataset(prompts, source, split, len(rows), len(rows) - len(prompts), limit)
+
+
+def _is_local(source: str | None) -> bool:
+    if source is None or source == "tasks":
+        return False
+    return os.path.splitext(source)[1].lower() in _FILE_BUILDERS or os.path.exists(source)
+
+
+def _prompt_hash(prompt: Any) -> bytes:
+    """A row's place in the held-out ranking: a hash of its prompt, not its position."""
+    return hashlib.sha256(json.dumps(prompt, sort_keys=True).encode()).digest()
 
 
 def _load_rows(cfg: DataConfig) -> tuple[list[dict], set[str], str]:

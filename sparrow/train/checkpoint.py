@@ -15,6 +15,7 @@ DeepSpeed save is collective); only rank 0 writes shared files, renames and prun
 share the filesystem under `root`.
 """
 
+import errno
 import hashlib
 import json
 import logging
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 MARKER = "COMPLETE"
 CHECKSUM_MAX_BYTES = 1 << 20  # files up to this size get a sha256, larger ones a CRC-32
 _CRC_CHUNK_BYTES = 16 << 20  # read size when checksumming large files
+# How torch.save's C++ writer reports a failed write (it carries no errno).
+_TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -69,9 +72,23 @@ class CheckpointManager:
         state: dict[str, Any],
         save_actor: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Write checkpoint `step` (all ranks call); returns its final directory."""
-        final = self.root / f"step_{step:06d}"
+        """Write checkpoint `step` (all ranks call); returns its final directory.
+
+        A full disk raises OSError(ENOSPC) naming the checkpoint directory (torch's own writer
+        reports it as a bare RuntimeError), after removing the partial copy to free its space.
+        """
         tmp = self.root / f"step_{step:06d}.tmp"
+        try:
+            return self._save(step, state, save_actor, tmp)
+        except (OSError, RuntimeError) as err:
+            if not _is_disk_full(err):
+                raise
+            if _rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.root)) from err
+
+    def _save(self, step, state, save_actor, tmp: Path) -> Path:
+        final = self.root / f"step_{step:06d}"
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -134,6 +151,16 @@ class CheckpointManager:
         for step, path in self._step_dirs():
             if step < oldest_kept:
                 shutil.rmtree(path)
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    while err is not None:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        if isinstance(err, RuntimeError) and any(s in str(err) for s in _TORCH_WRITE_FAILED):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def verify(path: Path) -> str | None:

@@ -29,10 +29,13 @@ def evaluate(
     prompts: Sequence[Prompt],
     params: SamplingParams,
     sum_over_ranks: Callable[[float], float] = float,
-) -> tuple[dict[str, float], list[float]]:
+    num_samples: int = 3,
+) -> tuple[dict, list[float]]:
     """One sample per held-out prompt; accuracy = mean reward (rewards are 0/1 here).
 
-    Returns the metrics and this rank's per-prompt scores (for paired comparisons).
+    Returns the metrics and this rank's per-prompt scores (for paired comparisons). The metrics
+    carry `eval/samples`: this rank's first `num_samples` prompts (the tail of the prompt text),
+    completions, reference answers and scores, for people reading the log.
     """
     if prompts:
         outputs = engine.generate([p.token_ids for p in prompts], params, n=1)
@@ -43,9 +46,13 @@ def evaluate(
             [p.answer for p in prompts],
         ).scores
         per_prompt = scores.tolist()
+        samples = [
+            {"prompt": p.text[-300:], "completion": o.text, "answer": p.answer, "score": score}
+            for p, o, score in zip(prompts, outputs, per_prompt, strict=True)
+        ][:num_samples]
         correct, lengths = float(scores.sum()), float(sum(len(o.token_ids) for o in outputs))
     else:
-        per_prompt, correct, lengths = [], 0.0, 0.0
+        per_prompt, correct, lengths, samples = [], 0.0, 0.0, []
     n = sum_over_ranks(len(prompts))
     correct = sum_over_ranks(correct)
     lengths = sum_over_ranks(lengths)
@@ -58,6 +65,7 @@ def evaluate(
         "eval/accuracy_ci95": (hi - lo) / 2,
         "eval/n": n,
         "eval/len_mean": lengths / max(n, 1.0),
+        "eval/samples": samples,
     }, per_prompt
 
 

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparrow.train.run_history import truncate_metrics
+
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -56,7 +58,20 @@ class MetricsLogger:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         if self._wandb_run is not None:
-            self._wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=step)
+            self._wandb_run.log(_for_wandb(row), step=step)
+
+    def resume_at(self, step: int) -> None:
+        """Cut metrics.jsonl back to `step` (the resumed checkpoint; -1: a fresh start) and
+        re-send the kept rows to W&B, which loses what a killed process had buffered."""
+        if not self.enabled:
+            return
+        rows = truncate_metrics(self.path, step)
+        if self._wandb_run is None:
+            return
+        first_new = self._wandb_run.starting_step  # steps W&B already holds for this run id
+        for row in rows:
+            if row["step"] >= first_new:
+                self._wandb_run.log(_for_wandb(row), step=row["step"])
 
     def log_histogram(self, step: int, name: str, values) -> None:
         """A distribution (e.g. per-token acceptance) as a W&B histogram; jsonl keeps summaries."""
@@ -135,6 +150,21 @@ def _run_id(run_dir: Path) -> str:
 def _has_netrc_key() -> bool:
     netrc = Path.home() / ".netrc"
     return netrc.is_file() and "api.wandb.ai" in netrc.read_text()
+
+
+def _for_wandb(row: dict) -> dict:
+    """A metrics row as W&B takes it: lists of records (e.g. eval/samples) become tables."""
+    out = {}
+    for key, value in row.items():
+        if key == "step":
+            continue
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            import wandb
+
+            columns = list(value[0])
+            value = wandb.Table(columns=columns, data=[[v.get(c) for c in columns] for v in value])
+        out[key] = value
+    return out
 
 
 def _jsonable(value):

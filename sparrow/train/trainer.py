@@ -19,6 +19,7 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 
 import logging
 import os
+import signal
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -35,16 +36,19 @@ from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rollout.engine import LLMEngine, SamplingParams
-from sparrow.tasks.data import PromptIterator, load_prompts
+from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.distributed import Ranks
 from sparrow.train.evaluation import evaluate, paired_difference
 from sparrow.train.exact_acceptance import exact_batch_acceptance
+from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
+from sparrow.train.progress import StepClock
 from sparrow.train.rollout_plan import RolloutPlan, plan_rollout
+from sparrow.train.run_config import ResumeMismatch, check_resume, save_run_config
 from sparrow.train.speedup_probe import measure_speedup
 from sparrow.train.step_report import (
     format_eval_line,
@@ -52,6 +56,7 @@ from sparrow.train.step_report import (
     format_step_line,
     rollout_metrics,
 )
+from sparrow.train.weight_guard import check_weights
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +88,10 @@ class GRPOTrainer:
             getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
             eng.num_pages * eng.page_size,
         ) - max(cfg.rollout.max_new_tokens, cfg.rl.eval.max_new_tokens)
-        self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room)
+        self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room, heldout=False)
         eval_cfg = cfg.rl.eval
-        self.eval_data = load_prompts(
-            replace(cfg.data, split=eval_cfg.split), self.tokenizer, context_tokens=room
+        self.eval_data = load_eval_prompts(  # never the training prompts
+            cfg.data, eval_cfg.split, self.tokenizer, context_tokens=room
         )
         if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -144,20 +149,34 @@ class GRPOTrainer:
         if self.cfg.rl.eval.every and self.step == 0:
             last_eval = self._evaluate()
             self.logger.log(0, last_eval)
-        while self.step < self.cfg.rl.steps:
-            metrics = self.train_step()
-            self.step += 1
-            if self.cfg.rl.eval.every and (
-                self.step % self.cfg.rl.eval.every == 0 or self.step == self.cfg.rl.steps
-            ):
-                last_eval = self._evaluate()
-                metrics |= last_eval
-            self.logger.log(self.step, metrics)
-            if self.rank == 0 and self.step % self.cfg.logger.console_every == 0:
-                print(format_step_line(self.step, self.cfg.rl.steps, metrics), flush=True)
-            every = self.cfg.rl.save_every
-            if (every and self.step % every == 0) or self.step == self.cfg.rl.steps:
-                self.save()
+        clock = StepClock(self.step, self.cfg.rl.steps)
+        with GracefulStop() as stop:
+            while self.step < self.cfg.rl.steps:
+                metrics = self.train_step()
+                self.step += 1
+                # Before anything of the step is logged or saved: checkpoints hold finite weights.
+                check_weights(
+                    self.actor.model, self.world, self.step, self.checkpoints.latest_complete
+                )
+                if self.cfg.rl.eval.every and (
+                    self.step % self.cfg.rl.eval.every == 0 or self.step == self.cfg.rl.steps
+                ):
+                    last_eval = self._evaluate()
+                    metrics |= last_eval
+                self.logger.log(self.step, metrics)
+                if self.rank == 0 and self.step % self.cfg.logger.console_every == 0:
+                    line = format_step_line(self.step, self.cfg.rl.steps, metrics)
+                    print(f"{line} | {clock.line(self.step)}", flush=True)
+                every = self.cfg.rl.save_every
+                saved = (every and self.step % every == 0) or self.step == self.cfg.rl.steps
+                if saved:
+                    self.save()
+                if stop.requested(self.world):  # SIGTERM/SIGINT: keep the finished step, exit
+                    path = self.checkpoints.root / f"step_{self.step:06d}"
+                    if not saved:
+                        path = self.save()
+                    self.logger.close()
+                    raise StopRequested(stop.signum or signal.SIGTERM, self.step, path)
         self.actor.export_hf(self.run_dir / "policy", self.tokenizer)
         self.logger.close()
         return last_eval or {}
@@ -193,6 +212,7 @@ class GRPOTrainer:
             self._sync_engine(weights)
         self._log_histograms(acceptance.histograms)
         metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks.mean)
+        metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
         metrics |= _update_metrics(update | distill) | scores.stats.as_metrics()
         return metrics | timer.metrics()
@@ -436,14 +456,29 @@ class GRPOTrainer:
         return self.checkpoints.save(self.step, self.state_dict(), self.actor.save_checkpoint)
 
     def _maybe_resume(self) -> None:
+        """Resume from a checkpoint (resume=auto: the newest complete one) after checking that
+        the run dir's stored config matches; cut the run history back to the resumed step."""
         resume = self.cfg.resume
-        if resume == "never":
-            return
-        path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
-        if path is None:
-            return
+        path = None
+        if resume != "never":
+            path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
+        config = asdict(self.cfg)
+        if path is not None:
+            check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
+            self._load_checkpoint(path)
+        self.logger.resume_at(self.step if path is not None else -1)
+        if self.rank == 0:
+            save_run_config(self.run_dir, config)
+
+    def _load_checkpoint(self, path: Path) -> None:
         loaded = self.checkpoints.load(path)
-        self.actor.load_checkpoint(loaded.actor_dir)
+        try:
+            self.actor.load_checkpoint(loaded.actor_dir)
+        except RuntimeError as err:  # e.g. tensor shapes of another model
+            raise ResumeMismatch(
+                f"checkpoint {path} does not fit this model ({' '.join(str(err).split())[:200]}"
+                "); use another run_dir or resume=never"
+            ) from err
         state = loaded.state
         self.prompts.load_state_dict(state["prompts"])
         if self.controller is not None and state["controller"] is not None:

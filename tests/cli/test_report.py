@@ -43,3 +43,18 @@ def test_report_draws_the_panels_that_have_data(tmp_path, capsys):
 def test_report_without_metrics_is_a_clear_error(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+def test_bin_series_are_labelled_by_their_positions(tmp_path):
+    _write_run(tmp_path / "run", 2, 0.9)
+    stored = {"schedule": {"bin_tokens": 2048}}
+    (tmp_path / "run" / "run_config.json").write_text(json.dumps(stored))
+    bins = report._bin_tokens(tmp_path / "run")
+    assert bins == 2048
+    assert report._series_label("accept/p5/bin0", bins) == "accept/p5 pos 0-2047"
+    assert report._series_label("schedule/budget_pages/bin3", bins) == (
+        "schedule/budget_pages pos 6144-8191"
+    )
+    assert report._series_label("reward/mean", bins) == "reward/mean"
+    assert report._bin_tokens(tmp_path) is None  # no stored config: keys as they are
+    assert report._series_label("accept/p5/bin1", None) == "accept/p5/bin1"

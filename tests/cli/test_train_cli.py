@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,10 +67,17 @@ def test_smoke_preset_two_steps_end_to_end(tmp_path):
         for key in ("reward/mean", "loss/loss", "accept/p5_min", "kv_read_ratio"):
             assert isinstance(row[key], float), (key, row.get(key))
         assert row["rollout/tokens"] > 0
+        assert row["rollout/preemptions"] == 0.0  # a 256-page pool never preempts this batch
     assert 0.0 <= rows[-1]["eval/accuracy"] <= 1.0  # the preset evaluates at its last step
+    for row in (rows[0], rows[-1]):  # a few completions per evaluation, for people to read
+        samples = row["eval/samples"]
+        assert len(samples) == 3 and all(isinstance(s["completion"], str) for s in samples)
+        assert {"prompt", "answer", "score"} <= set(samples[0])
     assert (tmp_path / "checkpoints" / "step_000002" / "COMPLETE").is_file()
     assert (tmp_path / "policy" / "config.json").is_file()
     assert "step 2/2" in out.stdout
+    assert re.search(r"step 1/2 .* \| 50% \| \S+ elapsed, eta \S+", out.stdout), out.stdout
+    assert re.search(r"step 2/2 .* \| 100% \| \S+ elapsed, eta 0s", out.stdout), out.stdout
 
 
 @pytest.mark.slow

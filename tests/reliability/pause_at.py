@@ -2,7 +2,7 @@
 
     python tests/reliability/pause_at.py PHASE STEP MARKER_FILE [sparrow-train overrides ...]
 
-PHASE (all of them inside training step STEP):
+PHASE (all of them inside training step STEP; `none` never pauses):
     rollout     after the third decode step of the step's first engine.generate call
     update      inside actor.train_step, after the first micro-batch's backward pass and before
                 the second micro-batch's loss (gradients half accumulated, no optimizer step yet)
@@ -10,9 +10,16 @@ PHASE (all of them inside training step STEP):
     rename      the COMPLETE marker is written, the .tmp directory is not yet renamed
 
 On reaching the phase the process writes MARKER_FILE and sleeps, so that a test can SIGKILL it
-exactly there instead of racing a timer. The hooks wrap methods from the outside and call the
-originals unchanged, so a run that never reaches its phase is bit-identical to a plain one; the
-library knows nothing about them.
+exactly there instead of racing a timer. With PAUSE_AT_GO=1 in the environment it sleeps only
+until MARKER_FILE with the suffix `.go` appears, then carries on: a test sends a signal while the
+process is frozen in the phase and then lets it handle the signal.
+
+The reward `test_length` (registered here, chosen with rl.reward.name=test_length) scores a
+completion by its length, so that a random tiny model gets non-zero advantages and its weights
+really move, which makes "the same final weights" a real comparison.
+
+The hooks wrap methods from the outside and call the originals unchanged, so a run that never
+reaches its phase is bit-identical to a plain one; the library knows nothing about them.
 """
 
 import json
@@ -25,9 +32,10 @@ from sparrow.cli.train import main
 from sparrow.rl.actor import DenseActor
 from sparrow.rollout.engine import LLMEngine
 from sparrow.rollout.model_runner import ModelRunner
+from sparrow.tasks.rewards import RewardResult, register_reward
 from sparrow.train.trainer import GRPOTrainer
 
-PHASES = ("rollout", "update", "checkpoint", "rename")
+PHASES = ("none", "rollout", "update", "checkpoint", "rename")
 
 
 class _Run:
@@ -39,8 +47,13 @@ def _pause(phase: str, step: int, marker: Path) -> None:
     tmp = marker.with_suffix(".part")
     tmp.write_text(json.dumps({"phase": phase, "step": step, "pid": os.getpid()}))
     os.replace(tmp, marker)
-    while True:  # until SIGKILLed
-        time.sleep(1)
+    go = marker.with_suffix(".go") if os.environ.get("PAUSE_AT_GO") == "1" else None
+    while go is None or not go.exists():  # until SIGKILLed, or told to go on
+        time.sleep(0.1)
+
+
+def _length_reward(prompt: str, completion: str, reference: str) -> RewardResult:
+    return RewardResult(len(completion) / 64.0)
 
 
 def install(phase: str, target: int, marker: Path) -> None:
@@ -107,5 +120,6 @@ if __name__ == "__main__":
     phase, step, marker, *overrides = sys.argv[1:]
     if phase not in PHASES:
         raise SystemExit(f"unknown phase {phase!r}: expected one of {PHASES}")
+    register_reward("test_length", lambda cfg: _length_reward)
     install(phase, int(step), Path(marker))
     sys.exit(main(overrides))

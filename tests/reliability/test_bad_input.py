@@ -187,6 +187,7 @@ def test_train_skips_a_prompt_longer_than_the_kv_pool(capsys, tmp_path):
         f"run_dir={tmp_path / 'run'}",
         "data=jsonl",
         f"data.source={_jsonl(tmp_path / 'd.jsonl', rows)}",
+        f"data.eval_source={tmp_path / 'd.jsonl'}",  # train on all 8 rows, none held out
         "rl.prompts_per_step=2",
         "rollout.engine.num_pages=16",
     ]

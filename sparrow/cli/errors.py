@@ -1,0 +1,71 @@
+"""The error boundary of every console script: a user's mistake is one line and exit 2.
+
+User and environment errors (a bad config value, a missing model, file or folder, a run dir that
+cannot be written, a full disk, a run dir whose config or checkpoint does not match) print one
+line on stderr that names the key or path and what to do, and the script exits with 2. Ctrl-C
+outside the training loop prints one line and exits with 130. Anything else is a bug in sparrow
+and keeps its traceback.
+
+    sys.exit(run_main("sparrow-generate", lambda: _main(argv)))
+"""
+
+import errno
+import sys
+from collections.abc import Callable
+
+USER_ERROR_EXIT = 2
+_INTERRUPT_EXIT = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+# torch.save's C++ writer reports a full disk without an errno ("unexpected pos ...",
+# "PytorchStreamWriter failed writing file ...: file write failed").
+_TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
+
+
+class UserError(ValueError):
+    """A mistake the user can fix; str() is one line that names the key or path and the fix."""
+
+
+def run_main(prog: str, body: Callable[[], int]) -> int:
+    """Run a console script's body inside the boundary; returns the exit code."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return _INTERRUPT_EXIT
+    except Exception as err:
+        line = user_error_line(err)
+        if line is None:
+            raise
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        return USER_ERROR_EXIT
+
+
+def user_error_line(err: BaseException) -> str | None:
+    """The one-line message for a user or environment error, None for an internal one."""
+    for cause in _chain(err):
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            where = cause.filename or "the run dir's disk"
+            return f"no space left on the device of {where}: free space or choose another run_dir"
+    if isinstance(err, UserError):
+        return one_line(err)
+    if isinstance(err, RuntimeError) and any(s in str(err) for s in _TORCH_WRITE_FAILED):
+        return f"a write failed ({one_line(err)}): is the disk full? free space or move run_dir"
+    if isinstance(err, (PermissionError, IsADirectoryError, NotADirectoryError)) or (
+        isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES)
+    ):
+        path = err.filename or "a path"
+        return f"cannot write or read {path} ({err.strerror}): choose a writable run_dir"
+    if isinstance(err, FileNotFoundError):
+        return f"{err.filename or 'a file'}: no such file or directory"
+    return None
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _chain(err: BaseException):
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__

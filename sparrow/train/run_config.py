@@ -1,0 +1,84 @@
+"""The resolved config a run dir was started with, and the check that a resume matches it.
+
+The first launch in a run dir writes `run_config.json` (the whole resolved config). A later
+launch that resumes from a checkpoint in that dir compares its own config with the stored one
+on the keys that change what is trained (model, data, batch shape, optimizer, loss, seed); any
+difference stops the launch with the list of keys, unless `resume_mismatch=allow`. Keys that a
+resumed run may change on purpose (rl.steps, evaluation, logging, checkpoints, the controller
+and its schedule) are not compared. Each accepted launch rewrites the file with its config.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FILE_NAME = "run_config.json"
+# Dotted prefixes of the keys whose change makes a resumed run a different run.
+RUN_KEYS = (
+    "model.",
+    "data.",
+    "seed",
+    "rl.prompts_per_step",
+    "rl.group_size",
+    "rl.loss.",
+    "rl.advantage.",
+    "rl.reward.",
+    "rollout.max_new_tokens",
+    "rollout.temperature",
+    "rollout.top_p",
+    "rollout.top_k",
+    "actor.lr",
+    "actor.lr_schedule",
+    "actor.betas",
+    "actor.weight_decay",
+    "actor.grad_clip",
+    "actor.warmup_steps",
+    "actor.total_steps",
+    "actor.zero_stage",
+    "actor.precision",
+    "distill.",
+)
+
+
+class ResumeMismatch(ValueError):
+    """Resuming a run whose stored config differs on run-changing keys; str() lists them."""
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def differing_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'key: stored -> current' for every run-changing key whose value differs."""
+    old, new = flatten(stored), flatten(current)
+    keys = sorted(k for k in old.keys() | new.keys() if k.startswith(RUN_KEYS))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def check_resume(run_dir: Path, config: dict[str, Any], allow: bool, checkpoint: Path) -> None:
+    """Raise ResumeMismatch when resuming `checkpoint` would silently change the run."""
+    path = Path(run_dir) / FILE_NAME
+    if allow or not path.is_file():
+        return
+    diffs = differing_keys(json.loads(path.read_text()), config)
+    if diffs:
+        raise ResumeMismatch(
+            f"{run_dir} holds a run with another config ({'; '.join(diffs)}); resuming "
+            f"{checkpoint.name} would mix the two. Use another run_dir, resume=never to start "
+            "afresh here, or resume_mismatch=allow to resume anyway"
+        )
+
+
+def save_run_config(run_dir: Path, config: dict[str, Any]) -> None:
+    path = Path(run_dir) / FILE_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config, indent=1, default=str))
+    os.replace(tmp, path)

@@ -1,0 +1,65 @@
+"""A run dir remembers its resolved config; resuming it with a run-changing difference stops.
+
+Fast: which keys count (model, data, batch shape, optimizer, loss; not rl.steps, evaluation or
+logging) and the one-line refusal with its override. Slow: a real `sparrow-train preset=tiny`
+resumed with another group size and another model (exit 2, one line listing the keys), then with
+`resume_mismatch=allow` (resumes).
+"""
+
+import json
+from dataclasses import asdict, replace
+
+import pytest
+
+from sparrow.cli.train import main
+from sparrow.config import SparrowConfig
+
+TINY = ["preset=tiny", "rl.eval.every=0", "rl.save_every=1"]
+
+
+def test_only_run_changing_keys_differ():
+    from sparrow.train.run_config import differing_keys
+
+    base = SparrowConfig()
+    changed = replace(
+        base,
+        rl=replace(base.rl, group_size=3, steps=99, save_every=5),
+        model=replace(base.model, name="tiny-llama"),
+        run_dir="elsewhere",
+    )
+    diffs = differing_keys(asdict(base), asdict(changed))
+    assert [d.split(":")[0] for d in diffs] == ["model.name", "rl.group_size"]
+    assert diffs[1] == "rl.group_size: 8 -> 3"
+
+
+def test_resume_with_another_config_is_refused_unless_allowed(tmp_path):
+    from sparrow.train.run_config import FILE_NAME, ResumeMismatch, check_resume, save_run_config
+
+    base = SparrowConfig()
+    save_run_config(tmp_path, asdict(base))
+    assert json.loads((tmp_path / FILE_NAME).read_text())["rl"]["group_size"] == 8
+    other = asdict(replace(base, deepspeed=replace(base.deepspeed, lr=3e-4)))
+    with pytest.raises(ResumeMismatch) as caught:
+        check_resume(tmp_path, other, allow=False, checkpoint=tmp_path / "step_000004")
+    message = str(caught.value)
+    assert "actor.lr: 1e-06 -> 0.0003" in message and "resume_mismatch=allow" in message
+    check_resume(tmp_path, other, allow=True, checkpoint=tmp_path / "step_000004")
+    check_resume(tmp_path, asdict(base), allow=False, checkpoint=tmp_path / "step_000004")
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_changed_resume_in_one_line(capsys, tmp_path):
+    run = [f"run_dir={tmp_path}"]
+    assert main([*TINY, *run, "rl.steps=1"]) == 0
+    capsys.readouterr()
+    for override, key in [
+        ("rl.group_size=2", "rl.group_size: 4 -> 2"),
+        ("model=tiny_llama", "model.name: 'tiny-qwen3' -> 'tiny-llama'"),
+    ]:
+        assert main([*TINY, *run, "rl.steps=2", override]) == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("sparrow-train:")]
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert key in lines[0] and "resume_mismatch=allow" in lines[0]
+    assert main([*TINY, *run, "rl.steps=2", "rl.group_size=2", "resume_mismatch=allow"]) == 0
+    assert f"resumed from {tmp_path / 'checkpoints' / 'step_000001'}" in capsys.readouterr().out
