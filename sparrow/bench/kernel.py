@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from sparrow.bench.kernel_configs import DTYPES, SWEEP, default_shape
 from sparrow.kernels import (
     BACKENDS,
     PageSummary,
@@ -39,11 +40,6 @@ from sparrow.kernels import (
 )
 
 PEAK_TBPS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # vendor HBM bandwidth by name substring
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# (pages per iteration, warps, stages). The decode kernel pipelines by hand (two tiles in
-# registers), so stages do not change it, and 4+ pages per iteration spill at head dim 128
-# (`sparrow-bench kernel --aot` lists registers and spills of each config).
-SWEEP = [(ppi, warps, 2) for ppi in (1, 2) for warps in (4, 8)]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,17 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = p.parse_args(argv)
     gpu = args.device.startswith("cuda")
-    # GPU defaults: a Qwen3-8B layer (32 q / 8 kv heads, D 128, bf16); CPU: SmolLM2-135M's.
-    defaults = {
-        "contexts": [4096, 16384, 65536] if gpu else [1024, 4096],
-        "budgets": [512, 2048, 4096] if gpu else [256, 512],
-        "batch": 8 if gpu else 4,
-        "q_heads": 32 if gpu else 9,
-        "kv_heads": 8 if gpu else 3,
-        "head_dim": 128 if gpu else 64,
-        "dtype": "bf16" if gpu else "fp32",
-        "iters": 50 if gpu else 5,
-    }
+    defaults = default_shape(gpu)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -13,11 +13,10 @@ Compiling needs Triton's CUDA backend and TRITON_INTERPRET unset; no GPU.
 
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import yaml
 
 from sparrow.kernels.aot import KernelVariant
 
@@ -40,20 +39,16 @@ class EngineShape:
 
 
 def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
-    """The engine shape of every GPU preset (conf/preset/*_gpu.yaml)."""
+    """The engine shape of every GPU preset (conf/preset/*_gpu.yaml), from the composed config
+    (the engine's page size, for one, is interpolated from the schedule's)."""
+    from sparrow.cli.config_loader import load_config
     from sparrow.models.random_init import QWEN3_COMMON, QWEN3_SHAPES
-    from sparrow.rollout.engine import EngineConfig
 
     shapes = []
     for path in sorted((conf_dir / "preset").glob("*_gpu.yaml")):
-        preset = yaml.safe_load(path.read_text())
-        rollout_group = _override(preset, "rollout")
-        engine = {f.name: f.default for f in fields(EngineConfig)}
-        if rollout_group is not None:
-            group = yaml.safe_load((conf_dir / "rollout" / f"{rollout_group}.yaml").read_text())
-            engine |= group.get("engine", {})
-        engine |= preset.get("rollout", {}).get("engine", {})
-        model = QWEN3_COMMON | QWEN3_SHAPES[preset["model"]["name"].split("/")[-1].lower()]
+        cfg = load_config([f"preset={path.stem}"])
+        engine = cfg.rollout.engine
+        model = QWEN3_COMMON | QWEN3_SHAPES[cfg.model.name.split("/")[-1].lower()]
         shapes.append(
             EngineShape(
                 num_q_heads=model["num_attention_heads"],
@@ -61,9 +56,9 @@ def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
                 head_dim=model["head_dim"],
                 hidden_size=model["hidden_size"],
                 qk_norm=True,  # Qwen3
-                page_size=engine["page_size"],
-                score=engine["score"],
-                dtype=getattr(torch, engine["dtype"]),
+                page_size=engine.page_size,
+                score=engine.score,
+                dtype=getattr(torch, engine.dtype),
             )
         )
     return shapes
@@ -108,22 +103,22 @@ def engine_variants(shape: EngineShape) -> list[KernelVariant]:
 def sweep_variants() -> list[KernelVariant]:
     """The split kernel under each tile config of `sparrow-bench kernel --sweep`, at the
     benchmark's default GPU shape, with and without the merge (short budgets take one split)."""
-    from sparrow.bench.kernel import SWEEP, parse_args
+    from sparrow.bench.kernel_configs import DTYPES, SWEEP, default_shape
     from sparrow.kernels import decode_triton as dt
 
-    args = parse_args(["--device", "cuda"])
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    group = args.q_heads // args.kv_heads
+    shape = default_shape(gpu=True)
+    dtype = DTYPES[shape["dtype"]]
+    group = shape["q_heads"] // shape["kv_heads"]
     out = []
     for ppi, warps, stages in SWEEP:
         tiles = dt.DecodeTiles(pages_per_iter=ppi, num_warps=warps, num_stages=stages)
         for dense in (True, False):
             for split_out in (True, False):
                 constexprs = dt.decode_constexprs(
-                    group, args.head_dim, args.page_size, dtype, tiles,
+                    group, shape["head_dim"], shape["page_size"], dtype, tiles,
                     dense=dense, split_out=split_out,
                 )  # fmt: skip
-                out.append(_variant("decode_split", args.dtype, constexprs, warps, stages))
+                out.append(_variant("decode_split", shape["dtype"], constexprs, warps, stages))
     return out
 
 
@@ -149,13 +144,3 @@ def compile_all(variants: list[KernelVariant], workers: int | None = None) -> li
 
 def _variant(kernel: str, dtype: str, constexprs: dict, warps: int, stages: int) -> KernelVariant:
     return KernelVariant(kernel, dtype, tuple(sorted(constexprs.items())), warps, stages)
-
-
-def _override(preset: dict, group: str) -> str | None:
-    """The option a preset's defaults list picks for `group` (`- override /group: option`)."""
-    for entry in preset.get("defaults", []):
-        if isinstance(entry, dict):
-            for key, value in entry.items():
-                if key.removeprefix("override ").strip("/") == group:
-                    return value
-    return None
