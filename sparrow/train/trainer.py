@@ -31,7 +31,7 @@ from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models.loading import load_model
-from sparrow.rl.actor import DenseActor, split_micro_batches
+from sparrow.rl.actor import DenseActor
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rollout.engine import LLMEngine, SamplingParams
@@ -280,9 +280,8 @@ class GRPOTrainer:
                 extremes.setdefault(key, []).append(float(metrics.pop(key)))
             return loss, metrics
 
-        shared = batch.group_ids if cfg.deepspeed.share_prompts else None  # keep groups whole
         update = self.actor.train_step(
-            split_micro_batches(train_batch, cfg.deepspeed.micro_batch_size, shared),
+            self.actor.micro_batches(train_batch),
             loss_fn,
             cfg.rollout.temperature,
         )
