@@ -423,4 +423,4 @@ class GRPOTrainer:
         return float(t)
 
     def plan(self) -> str:
-        return format_plan(self.cfg, self.train_data.summary(), self.world)
+        return format_plan(self.cfg, self.train_data.summary(), self.world, self.actor.model.config)
