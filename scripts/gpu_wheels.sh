@@ -32,14 +32,14 @@ WHEELS=(
     gguf==0.19.0                                           # GGUF model files (SmolLM2)
     # DeepSpeed's own dependencies (the image may have some; these are small)
     hjson==3.1.0 py-cpuinfo==9.0.0 msgpack==1.2.4 ninja==1.13.2 einops==0.8.2
-    pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 typing-inspection==0.4.2
+    pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
     # W&B logging (logger.wandb.mode=online/offline; the benchmarks run it disabled)
     wandb==0.31.0 click==8.5.1 platformdirs==4.14.9 protobuf==7.36.2 xxhash==4.1.0
     cwevals==0.0.1b1 googleapis-common-protos==1.76.0 opentelemetry-api==1.45.2
     opentelemetry-sdk==1.45.2 opentelemetry-proto==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
     opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-semantic-conventions==0.66b2
     opentelemetry-exporter-http-transport==0.66b2 opentelemetry-exporter-otlp-common==0.66b2
-    importlib-metadata zipp
+    importlib-metadata==10.2.0 zipp==4.1.2
 )
 # PyPI has sources only: built here into pure-Python wheels, without build isolation (that would
 # pull a CUDA torch) and, for DeepSpeed, without compiling any op (they JIT-build on first use).
