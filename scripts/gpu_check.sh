@@ -46,12 +46,16 @@ export PYTHONPATH="$PWD:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 import importlib, json, subprocess, sys
 path, stage = sys.argv[1:]
 versions = {"python": sys.version.split()[0]}
-for name in ("torch", "triton", "transformers", "deepspeed", "hydra", "omegaconf",
-             "math_verify", "gguf", "wandb", "sparrow"):
+from importlib.metadata import version
+for module, dist in [("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
+                     ("deepspeed", "deepspeed"), ("hydra", "hydra-core"),
+                     ("omegaconf", "omegaconf"), ("math_verify", "math-verify"),
+                     ("gguf", "gguf"), ("wandb", "wandb")]:
     try:
-        versions[name] = getattr(importlib.import_module(name), "__version__", "?")
+        importlib.import_module(module)
+        versions[dist] = version(dist)
     except Exception as e:  # reported, not fatal: a later part will say what it needs
-        versions[name] = f"missing ({type(e).__name__})"
+        versions[dist] = f"missing ({type(e).__name__}: {e})"
 try:
     import torch
     versions["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
