@@ -1,73 +1,122 @@
 #!/usr/bin/env bash
-# One call on a GPU machine (e.g. one H200, python with torch + triton, no network): make sparrow
-# importable, run the `gpu`-marked kernel tests (compiled Triton, fp32 and bf16 vs the references)
-# the kernel benchmark (with a small Triton config sweep), then one GRPO step on a random-weight
-# Qwen3-1.7B-shaped model with sparse (the paper's tau 0.86 schedule) and with dense rollouts of
-# STEP_NEW_TOKENS fixed-length tokens (EOS ignored). Results go to $OUT if set, else ./gpu_results:
-# env.txt, gpu_tests.txt, kernel_bench.txt, kernel_bench.json, kernel_bench.sweep.json,
-# step_bench.txt, step_bench.json (written after each run, so a timeout keeps the sparse half).
-# Exit status is non-zero if the tests or a benchmark failed.
+# The GPU check, offline, in stages that each fit one 10-minute allocation (estimates below):
 #
-#   bash scripts/gpu_check.sh              # PYTHON=/path/to/python to choose the interpreter
-#   GPU_BUDGET_S=600 STEP_NEW_TOKENS=16384 STEP_PROMPTS=2 STEP_GROUP=8 bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh kernels   # gpu-marked tests, kernel benchmark (+ AOT report)
+#   bash scripts/gpu_check.sh step      # GRPO step bench, sparse vs dense, random Qwen3-1.7B
 #
-# The step benchmark gets whatever is left of GPU_BUDGET_S seconds (counted from the start).
+# On a stock PyTorch image (torch + triton + transformers, no network) the packages it lacks come
+# from the folder scripts/gpu_wheels.sh filled (WHEELS, default ./wheels): installed with
+# --no-index --no-deps into DEPS_DIR, which goes on PYTHONPATH. The image's torch and triton are
+# never touched. Each stage writes under $OUT (else ./gpu_results), as it goes: <stage>.json
+# (versions, and each part's exit status and seconds), one log per part, and the benchmarks'
+# own JSON. Exit status is non-zero if a part failed.
+#
+# Time per stage on one H200, estimated (no GPU was at hand to measure) from component timings:
+# kernels: tests 2-3 min + kernel bench 1-2 min + AOT < 1 min = 4-6 min.
+# step: wheels install < 0.5 min; per run (sparse, then dense) a 1.7B random model and trainer
+# ~0.5-1 min, a 640-token warm-up step and one step of 2 prompts x 8 x STEP_NEW_TOKENS (8192:
+# about half the 160-250 s sparse / 120-170 s dense measured-by-estimate for 16K) = 5-7 min; a
+# second size (STEP_SECOND_TOKENS, 4096) only if STAGE_BUDGET_S (450) leaves room for it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+STAGE="${1:-}"
+case "$STAGE" in
+    kernels|step) ;;
+    *) echo "usage: bash scripts/gpu_check.sh {kernels|step}" >&2; exit 2 ;;
+esac
 RESULTS="${OUT:-./gpu_results}"
 mkdir -p "$RESULTS"
 PY="${PYTHON:-python3}"
+WHEELS="${WHEELS:-wheels}"
+DEPS="${DEPS_DIR:-/tmp/sparrow-deps}"
+SUMMARY="$RESULTS/$STAGE.json"
 unset TRITON_INTERPRET  # compiled kernels only
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-# Use the machine's torch + triton when they work; otherwise try to install, and carry on anyway.
-if ! "$PY" -c "import torch, triton, pytest; assert torch.cuda.is_available()" 2>/dev/null; then
-    echo "torch/triton/pytest with CUDA not importable by $PY; trying make setup, then pip"
-    if timeout 300 make setup && [ -x .venv/bin/python ]; then
-        PY=.venv/bin/python
-    else
-        timeout 300 "$PY" -m pip install -q -e '.[dev]' || echo "install failed; continuing"
-    fi
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --target "$DEPS" "$WHEELS"/*.whl \
+        2>&1 | tail -3
+else
+    echo "no wheels in $WHEELS (bash scripts/gpu_wheels.sh fills it): using what is installed"
 fi
-# No network needed: --no-deps, no build isolation. Only for the sparrow-bench console script;
-# PYTHONPATH below makes the package importable even if this fails.
-"$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || true
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 
-{
-    date -u
-    git rev-parse HEAD 2>/dev/null
-    nvidia-smi 2>&1
-    "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, \
-'triton', triton.__version__, torch.cuda.get_device_name(0))"
-} >"$RESULTS/env.txt" 2>&1
-cat "$RESULTS/env.txt"
+# <stage>.json: the versions this ran with, then each part as it finishes.
+"$PY" - "$SUMMARY" "$STAGE" <<'PYEOF'
+import importlib, json, subprocess, sys
+path, stage = sys.argv[1:]
+versions = {"python": sys.version.split()[0]}
+from importlib.metadata import version
+for module, dist in [("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
+                     ("deepspeed", "deepspeed"), ("hydra", "hydra-core"),
+                     ("omegaconf", "omegaconf"), ("math_verify", "math-verify"),
+                     ("gguf", "gguf"), ("wandb", "wandb")]:
+    try:
+        importlib.import_module(module)
+        versions[dist] = version(dist)
+    except Exception as e:  # reported, not fatal: a later part will say what it needs
+        versions[dist] = f"missing ({type(e).__name__}: {e})"
+try:
+    import torch
+    versions["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+except Exception:
+    pass
+commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+json.dump({"stage": stage, "commit": commit.strip(), "versions": versions, "parts": []},
+          open(path, "w"), indent=1)
+print(json.dumps(versions))
+PYEOF
 
 status=0
-echo "== gpu tests"
-timeout 360 "$PY" -m pytest tests/kernels/test_gpu_kernels.py -m gpu -q -rs -p no:cacheprovider \
-    2>&1 | tee "$RESULTS/gpu_tests.txt" || status=1
-echo "== kernel benchmark"
-timeout 300 "$PY" -m sparrow.bench.cli kernel --sweep --json "$RESULTS/kernel_bench.json" \
-    2>&1 | tee "$RESULTS/kernel_bench.txt" || status=1
-echo "== GRPO step benchmark: random Qwen3-1.7B shape, sparse vs dense rollouts"
-NEW_TOKENS="${STEP_NEW_TOKENS:-16384}"
-PROMPTS="${STEP_PROMPTS:-2}"
-GROUP="${STEP_GROUP:-8}"
-# KV pool: every sequence at full length at once (short arithmetic prompts), plus slack.
-PAGES=$(( PROMPTS * GROUP * (NEW_TOKENS / 16 + 8) + 256 ))
-LEFT=$(( ${GPU_BUDGET_S:-600} - SECONDS - 15 ))
-if [ "$LEFT" -lt 120 ]; then LEFT=120; fi
-echo "step benchmark: $PROMPTS prompts x $GROUP samples x $NEW_TOKENS tokens, $PAGES KV pages, \
-timeout ${LEFT}s"
-# The warm-up step runs past 512 tokens (the first bin's budget), so the sparse decode path
-# (Triton page scoring, selection, sparse attention) is compiled before the measured step.
-timeout "$LEFT" "$PY" -m sparrow.bench.cli step --warmup --warmup-tokens 640 \
-    --random-model qwen3-1.7b \
-    --json "$RESULTS/step_bench.json" preset=qwen3_1p7b_gpu data=arithmetic \
-    data.tasks.num_examples=64 data.tasks.num_heldout=8 rollout.progress=false \
-    rollout.max_new_tokens="$NEW_TOKENS" rollout.engine.num_pages="$PAGES" \
-    rl.prompts_per_step="$PROMPTS" rl.group_size="$GROUP" \
-    2>&1 | tee "$RESULTS/step_bench.txt" || status=1
-echo "gpu_check: exit status $status (results in $RESULTS)"
+# part NAME TIMEOUT_S CMD...: run, log to $RESULTS/NAME.log, append its result to the summary.
+part() {
+    local name="$1" limit="$2"
+    shift 2
+    echo "== $name (timeout ${limit}s)"
+    local start=$SECONDS
+    timeout "$limit" "$@" 2>&1 | tee "$RESULTS/$name.log"
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || status=1
+    "$PY" -c "import json, sys; p = sys.argv[1]; s = json.load(open(p)); \
+s['parts'].append({'name': sys.argv[2], 'rc': int(sys.argv[3]), 'seconds': int(sys.argv[4])}); \
+json.dump(s, open(p, 'w'), indent=1)" "$SUMMARY" "$name" "$rc" "$((SECONDS - start))"
+}
+
+if [ "$STAGE" = kernels ]; then
+    part gpu_tests 240 "$PY" -m pytest tests/kernels/test_gpu_kernels.py -m gpu -q -rs \
+        -p no:cacheprovider
+    part kernel_bench 150 "$PY" -m sparrow.bench.cli kernel --sweep \
+        --json "$RESULTS/kernel_bench.json"
+    if "$PY" -m sparrow.bench.cli kernel --help 2>/dev/null | grep -q -- "--aot"; then
+        part kernel_aot 90 "$PY" -m sparrow.bench.cli kernel --aot \
+            --json "$RESULTS/kernel_aot.json"
+    fi
+else
+    BUDGET="${STAGE_BUDGET_S:-450}"
+    PROMPTS="${STEP_PROMPTS:-2}"
+    GROUP="${STEP_GROUP:-8}"
+    run_step() {  # run_step NAME NEW_TOKENS TIMEOUT_S [extra overrides...]
+        local name="$1" tokens="$2" limit="$3"
+        shift 3
+        # KV pool: every sequence at full length at once (short prompts), plus slack.
+        local pages=$(( PROMPTS * GROUP * (tokens / 16 + 8) + 256 ))
+        # The warm-up runs past 512 tokens (the first bin's budget), so the sparse decode path
+        # is compiled before the measured step.
+        part "$name" "$limit" "$PY" -m sparrow.bench.cli step --warmup --warmup-tokens 640 \
+            --random-model "${STEP_MODEL:-qwen3-1.7b}" --json "$RESULTS/$name.json" \
+            preset="${STEP_PRESET:-qwen3_1p7b_gpu}" data=arithmetic data.tasks.num_examples=64 \
+            data.tasks.num_heldout=8 rollout.progress=false rollout.max_new_tokens="$tokens" \
+            rollout.engine.num_pages="$pages" rl.prompts_per_step="$PROMPTS" \
+            rl.group_size="$GROUP" "$@"
+    }
+    run_step step_bench "${STEP_NEW_TOKENS:-8192}" $(( BUDGET - SECONDS - 10 ))
+    SECOND="${STEP_SECOND_TOKENS:-4096}"
+    LEFT=$(( BUDGET - SECONDS - 10 ))
+    if [ "$SECOND" -gt 0 ] && [ "$LEFT" -ge 150 ]; then
+        run_step "step_bench_$SECOND" "$SECOND" "$LEFT"
+    else
+        echo "no time left for a second size (${LEFT}s of STAGE_BUDGET_S=$BUDGET)"
+    fi
+fi
+echo "gpu_check $STAGE: exit status $status (results in $RESULTS)"
 exit $status

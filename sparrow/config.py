@@ -13,7 +13,7 @@ from sparrow.control.controller import ControllerConfig
 from sparrow.control.schedule import ScheduleConfig
 from sparrow.distill.distill_sparse import DistillConfig
 from sparrow.models.loading import ModelConfig
-from sparrow.rl.actor import ActorConfig
+from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.advantages import AdvantageConfig
 from sparrow.rl.losses import LossConfig
 from sparrow.rollout.engine import EngineConfig

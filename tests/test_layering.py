@@ -9,6 +9,9 @@ and belongs to train; `malloc.py` is a leaf. No import cycle among the modules.
 """
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +181,40 @@ def test_layering_check_sees_violations(tmp_path):
     assert cycle is not None and {"sparrow.tasks.a", "sparrow.tasks.b"} <= set(cycle)
     (pkg / "tasks" / "b.py").write_text("x = 1\n")
     assert find_cycle(_module_graph(pkg)) is None
+
+
+# What a benchmark or the engine imports must work on a GPU image without the training-only
+# packages: reading a config, the rollout engine and the kernel/rollout benchmarks.
+LIGHT_MODULES = [
+    "sparrow.config",
+    "sparrow.bench.cli",
+    "sparrow.bench.kernel",
+    "sparrow.bench.rollout",
+    *sorted(f"sparrow.rollout.{p.stem}" for p in (PKG / "rollout").glob("*.py")),
+]
+HEAVY = ("deepspeed", "wandb")
+
+
+def _pulled_in(modules: list[str]) -> list[str]:
+    """The HEAVY packages in sys.modules after importing `modules` in a fresh interpreter."""
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"print('heavy:' + ','.join(n for n in {HEAVY!r} if n in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PKG.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    heavy = done.stdout.strip().splitlines()[-1].removeprefix("heavy:")
+    return [n for n in heavy.split(",") if n]
+
+
+def test_config_and_engine_paths_import_neither_deepspeed_nor_wandb():
+    assert _pulled_in(LIGHT_MODULES) == []
+
+
+def test_transitive_import_check_sees_deepspeed():
+    """The actor imports deepspeed: the check must notice, or it could never fail."""
+    assert "deepspeed" in _pulled_in(["sparrow.rl.actor"])

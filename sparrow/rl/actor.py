@@ -6,8 +6,11 @@ trainer: dense log-probs (of the given tokens and the top-K per position) with t
 a list of micro-batches whose loss is already normalised by the global token count of the step.
 It also gathers full weights for the rollout engine's sync, saves/loads DeepSpeed checkpoints and
 exports the policy as an HF model directory. Given the GRPO group structure (`prompt_lens`,
-`group_ids`) and `share_prompts`, both passes compute each group's prompt once
-(sparrow.rl.policy_logprobs) and micro-batches hold whole groups.
+`group_ids`) and `share_prompts`, both passes compute each group's prompt once per micro-batch
+(sparrow.rl.policy_logprobs). Micro-batches (`micro_batches`, sparrow.rl.micro_batches) hold
+whole groups of `micro_batch_size` rows, or up to `max_tokens_per_micro_batch` decoder tokens,
+splitting a group that does not fit (long contexts); with `activation_checkpointing` the decoder
+layers are recomputed in backward (sparrow.rl.activation_checkpointing).
 
 Conventions: every per-token output is aligned to the position of the token it describes
 (position 0 has no prediction and is 0), as in `sparrow.rl.batch.RolloutBatch`. The policy runs in
@@ -35,6 +38,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 
+from sparrow.rl.activation_checkpointing import checkpoint_decoder_layers  # noqa: E402
+from sparrow.rl.actor_config import ActorConfig  # noqa: E402
+from sparrow.rl.micro_batches import (  # noqa: E402, F401  (split_micro_batches: re-exported)
+    even_out,
+    micro_batch_slices,
+    split_micro_batches,
+    take,
+    token_budget_slices,
+)
 from sparrow.rl.policy_logprobs import PolicyWithLogprobs, check_shared_prompts  # noqa: E402
 
 deepspeed.utils.logger.setLevel(logging.WARNING)
@@ -46,32 +58,6 @@ warnings.filterwarnings(
 )
 
 LossFn = Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, dict[str, Any]]]
-
-
-@dataclass
-class ActorConfig:
-    zero_stage: int = 2  # DeepSpeed ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +weights
-    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    lr: float = 1e-6  # peak AdamW learning rate
-    weight_decay: float = 0.01  # decoupled weight decay, applied to matrices only (not norms)
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
-    grad_clip: float = 1.0  # clip the global gradient 2-norm to this; 0 disables clipping
-    micro_batch_size: int = 4  # sequences per forward; shared prompts: whole groups, >= 1 group
-    warmup_steps: int = 0  # optimizer steps of linear LR warmup from 0
-    lr_schedule: str = "constant"  # constant | cosine (decays to 0 at total_steps)
-    total_steps: int = 1000  # optimizer steps of the whole run (cosine schedule length)
-    logprob_chunk_tokens: int = 1024  # (sequences x positions) per lm_head chunk: bounds logits
-    share_prompts: bool = True  # compute a GRPO group's prompt once per pass, not G times (exact)
-
-    def __post_init__(self):
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"actor.micro_batch_size must be >= 1: {self.micro_batch_size}")
 
 
 @dataclass
@@ -93,42 +79,6 @@ def lr_multiplier(step: int, cfg: ActorConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def micro_batch_slices(
-    num_rows: int, micro_batch_size: int, group_ids: Tensor | None = None
-) -> list[slice]:
-    """Row ranges of the micro-batches: `micro_batch_size` rows each, or, given `group_ids` (B,),
-    whole groups (runs of equal consecutive ids) packed up to `micro_batch_size` rows.
-
-    A group is never cut, so that its prompt is computed once: a micro-batch holds
-    max(1, micro_batch_size // G) groups of G rows, and one group when G > micro_batch_size (its
-    activations are those of P + G * C tokens, against micro_batch_size * (P + C) unshared).
-    """
-    if group_ids is None:
-        return [slice(s, s + micro_batch_size) for s in range(0, num_rows, micro_batch_size)]
-    starts = [0, *((group_ids[1:] != group_ids[:-1]).nonzero().squeeze(1) + 1).tolist()]
-    ends = [*starts[1:], num_rows]
-    slices = [slice(starts[0], ends[0])]
-    for start, end in zip(starts[1:], ends[1:], strict=True):
-        current = slices[-1]
-        if end - current.start <= micro_batch_size:
-            slices[-1] = slice(current.start, end)
-        else:
-            slices.append(slice(start, end))
-    return slices
-
-
-def split_micro_batches(
-    batch: dict[str, Tensor], micro_batch_size: int, group_ids: Tensor | None = None
-) -> list[dict[str, Tensor]]:
-    """Split every tensor of `batch` along dim 0 into micro-batches (see `micro_batch_slices`:
-    pass `group_ids` when the actor shares prompts, so that groups stay whole)."""
-    num_rows = next(iter(batch.values())).shape[0]
-    return [
-        {k: v[sl] for k, v in batch.items()}
-        for sl in micro_batch_slices(num_rows, micro_batch_size, group_ids)
-    ]
-
-
 class DenseActor:
     """DeepSpeed-wrapped dense policy: log-probs, GRPO updates, weight gather, checkpoints."""
 
@@ -139,6 +89,8 @@ class DenseActor:
         self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if cfg.activation_checkpointing:
+            checkpoint_decoder_layers(model.get_decoder())
         decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
         optimizer = torch.optim.AdamW(
@@ -202,9 +154,7 @@ class DenseActor:
         sharing one prompt); with `share_prompts` each group's prompt is computed once.
         """
         groups = self._groups(input_ids, attention_mask, prompt_lens, group_ids)
-        slices = micro_batch_slices(
-            input_ids.shape[0], self.cfg.micro_batch_size, None if groups is None else groups[1]
-        )
+        slices = self.micro_batch_rows(attention_mask, *(groups or (None, None)))
         self._check_same_count_on_all_ranks(len(slices), "compute_logprobs micro-batches")
         outs = []
         for sl in slices:
@@ -215,6 +165,33 @@ class DenseActor:
         device = input_ids.device
         columns = (torch.cat([getattr(o, f.name) for o in outs]) for f in fields(LogprobOutput))
         return LogprobOutput(*(c.to(device) for c in columns))
+
+    def micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        """`batch` (rows along dim 0: input_ids, attention_mask, and prompt_lens and group_ids
+        when prompts are shared) cut into this actor's micro-batches for `train_step`."""
+        shared = self.cfg.share_prompts and "group_ids" in batch and "prompt_lens" in batch
+        groups = (batch["prompt_lens"], batch["group_ids"]) if shared else (None, None)
+        return take(batch, self.micro_batch_rows(batch["attention_mask"], *groups))
+
+    def micro_batch_rows(
+        self,
+        attention_mask: Tensor,
+        prompt_lens: Tensor | None = None,
+        group_ids: Tensor | None = None,
+    ) -> list[slice]:
+        """Row ranges of the micro-batches, as many on every rank (a collective when a token
+        budget is set: ranks with fewer split their widest micro-batches)."""
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget == 0:
+            return micro_batch_slices(len(attention_mask), self.cfg.micro_batch_size, group_ids)
+        lengths = attention_mask.sum(1).cpu()  # (B,)
+        cpu = (None, None) if group_ids is None else (prompt_lens.cpu(), group_ids.cpu())
+        slices = token_budget_slices(lengths, budget, *cpu)
+        if self.world_size > 1:
+            count = torch.tensor([len(slices)], device=self.engine.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            slices = even_out(slices, int(count))
+        return slices
 
     def _groups(
         self,

@@ -10,6 +10,7 @@ timeouts switched off, so a call from any thread ends within `timeout_s`; a runa
 raises `RewardTimeout`, which the reward guard counts and scores 0.
 """
 
+import importlib.util
 import logging
 import re
 from typing import Literal
@@ -81,6 +82,13 @@ class MathVerifier:
     def __init__(self, timeout_s: float = 5.0, fallback: AnswerFallback = "last_number"):
         if fallback not in ("last_number", "none"):
             raise ValueError(f"answer fallback must be 'last_number' or 'none', got {fallback!r}")
+        # Checked here, not in the sandbox worker: there an ImportError would be one more failed
+        # call, each scoring 0, and a run without math-verify would train on all-zero rewards.
+        if importlib.util.find_spec("math_verify") is None:
+            raise ImportError(
+                "the math reward needs math-verify (pip install math-verify, or the wheel folder "
+                "of scripts/gpu_wheels.sh); for short exact answers set reward.name=exact_match"
+            )
         self.timeout_s = timeout_s
         self.fallback = fallback
         self.sandbox = Sandbox(init=_init_worker)

@@ -3,7 +3,10 @@ evaluation."""
 
 import math
 
+import torch
+
 from sparrow.config import SparrowConfig
+from sparrow.rl.actor_memory import DecoderShape, micro_batch_activation_bytes
 from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
 
@@ -58,8 +61,9 @@ def format_eval_line(step: int, result: dict) -> str:
     return line
 
 
-def format_plan(cfg: SparrowConfig, data_summary: str, world: int) -> str:
-    """The run's plan, printed once before the first step."""
+def format_plan(cfg: SparrowConfig, data_summary: str, world: int, model_config=None) -> str:
+    """The run's plan, printed once before the first step; with the HF `model_config`, the
+    actor's micro-batch size in tokens and its estimated activation peak."""
     schedule = cfg.schedule
     sched = (
         "dense"
@@ -71,4 +75,28 @@ def format_plan(cfg: SparrowConfig, data_summary: str, world: int) -> str:
         f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
         f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {world}, "
         f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; run dir {cfg.run_dir}"
+    ) + ("" if model_config is None else "\n  " + actor_plan(cfg, model_config))
+
+
+def actor_plan(cfg: SparrowConfig, model_config) -> str:
+    """Tokens per actor micro-batch (the budget, or micro_batch_size rows at the longest prompt
+    and generation) and the activation estimate of sparrow.rl.actor_memory at that size."""
+    actor = cfg.actor
+    if actor.max_tokens_per_micro_batch > 0:
+        tokens, how = actor.max_tokens_per_micro_batch, "token budget"
+    else:
+        row = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+        tokens, how = actor.micro_batch_size * row, f"{actor.micro_batch_size} rows at most"
+    bf16 = actor.precision == "bf16" or (actor.precision == "auto" and torch.cuda.is_available())
+    peak = micro_batch_activation_bytes(
+        DecoderShape.from_hf(model_config),
+        tokens,
+        actor.activation_checkpointing,
+        actor.logprob_chunk_tokens,
+        bytes_per_value=2 if bf16 else 4,
+    )
+    checkpointing = "on" if actor.activation_checkpointing else "off"
+    return (
+        f"actor: micro-batches of <= {tokens} tokens ({how}), activation peak est. "
+        f"{peak / 2**30:.1f} GiB each (checkpointing {checkpointing})"
     )

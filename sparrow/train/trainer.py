@@ -31,7 +31,7 @@ from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
 from sparrow.control.kv_read import kv_pages, kv_read_ratio
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models.loading import load_model
-from sparrow.rl.actor import DenseActor, LogprobOutput, split_micro_batches
+from sparrow.rl.actor import DenseActor, LogprobOutput
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
@@ -346,9 +346,8 @@ class GRPOTrainer:
                 extremes.setdefault(key, []).append(float(metrics.pop(key)))
             return loss, metrics
 
-        shared = batch.group_ids if cfg.actor.share_prompts else None  # keep groups whole
         update = self.actor.train_step(
-            split_micro_batches(train_batch, cfg.actor.micro_batch_size, shared),
+            self.actor.micro_batches(train_batch),
             loss_fn,
             cfg.rollout.temperature,
         )
@@ -497,7 +496,7 @@ class GRPOTrainer:
             print(f"resumed from {path} at step {self.step}", flush=True)
 
     def plan(self) -> str:
-        return format_plan(self.cfg, self.train_data.summary(), self.world)
+        return format_plan(self.cfg, self.train_data.summary(), self.world, self.actor.model.config)
 
 
 def _update_metrics(update: dict) -> dict:

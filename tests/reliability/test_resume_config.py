@@ -38,7 +38,7 @@ def test_resume_with_another_config_is_refused_unless_allowed(tmp_path):
     base = SparrowConfig()
     save_run_config(tmp_path, asdict(base))
     assert json.loads((tmp_path / FILE_NAME).read_text())["rl"]["group_size"] == 8
-    other = asdict(replace(base, deepspeed=replace(base.deepspeed, lr=3e-4)))
+    other = asdict(replace(base, actor=replace(base.actor, lr=3e-4)))
     with pytest.raises(ResumeMismatch) as caught:
         check_resume(tmp_path, other, allow=False, checkpoint=tmp_path / "step_000004")
     message = str(caught.value)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from sparrow.rl.actor import ActorConfig, LogprobOutput, lr_multiplier
+from sparrow.rl.micro_batches import micro_batch_slices, take, token_budget_slices
 from sparrow.rl.policy_logprobs import PolicyWithLogprobs, check_shared_prompts
 
 
@@ -35,6 +36,19 @@ class FakeActor:
     @property
     def model(self) -> nn.Module:
         return self.policy.lm
+
+    def micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        """The real actor's cut (whole groups by rows, or a token budget), on one rank."""
+        shared = self.cfg.share_prompts and "group_ids" in batch and "prompt_lens" in batch
+        prompt_lens, group_ids = (
+            (batch["prompt_lens"], batch["group_ids"]) if shared else (None,) * 2
+        )
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget:
+            lengths = batch["attention_mask"].sum(1)  # (B,)
+            return take(batch, token_budget_slices(lengths, budget, prompt_lens, group_ids))
+        rows = len(batch["attention_mask"])
+        return take(batch, micro_batch_slices(rows, self.cfg.micro_batch_size, group_ids))
 
     def _groups(self, mb: dict) -> tuple:
         if not self.cfg.share_prompts or mb.get("prompt_lens") is None:

@@ -1,0 +1,36 @@
+"""The dense actor's settings (the `actor` config group), apart from the actor itself so that
+reading a config imports neither DeepSpeed nor the actor (benchmarks, the rollout engine)."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ActorConfig:
+    zero_stage: int = 2  # DeepSpeed ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +weights
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    lr: float = 1e-6  # peak AdamW learning rate
+    weight_decay: float = 0.01  # decoupled weight decay, applied to matrices only (not norms)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
+    grad_clip: float = 1.0  # clip the global gradient 2-norm to this; 0 disables clipping
+    micro_batch_size: int = 4  # sequences per forward; shared prompts: whole groups, >= 1 group
+    # Decoder tokens per forward (padded layout, see sparrow.rl.micro_batches); > 0 replaces
+    # micro_batch_size and splits a group whose rows do not fit: memory follows the budget.
+    max_tokens_per_micro_batch: int = 0
+    activation_checkpointing: bool = False  # keep layer inputs only, recompute layers in backward
+    warmup_steps: int = 0  # optimizer steps of linear LR warmup from 0
+    lr_schedule: str = "constant"  # constant | cosine (decays to 0 at total_steps)
+    total_steps: int = 1000  # optimizer steps of the whole run (cosine schedule length)
+    logprob_chunk_tokens: int = 1024  # (sequences x positions) per lm_head chunk: bounds logits
+    share_prompts: bool = True  # compute a GRPO group's prompt once per pass, not G times (exact)
+
+    def __post_init__(self):
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if self.max_tokens_per_micro_batch < 0:
+            raise ValueError(
+                f"max_tokens_per_micro_batch must be >= 0, got {self.max_tokens_per_micro_batch}"
+            )

@@ -1,0 +1,53 @@
+"""The actor's activation memory for one micro-batch: an estimate for the plan line, so that a
+long-context run can be sized before it runs out of memory.
+
+Per decoder token, counted in values of the compute dtype (a sketch of what autograd keeps for
+one Llama/Qwen3 layer: norm and projection inputs, q/k/v, attention output, the MLP's gate, up,
+activation and product), about 10 H + 4 I + 2 kv_dim per layer, and the K/V cache. Without
+checkpointing every layer keeps all of it; with checkpointing only each layer's input (H) stays,
+plus one layer's activations and their gradients during its replay. The chunked lm_head adds
+`chunk_tokens` x vocab fp32 logits, log-softmax and gradient. Weights, gradients and optimizer
+states are not included (they do not depend on the micro-batch).
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DecoderShape:
+    hidden: int
+    intermediate: int
+    layers: int
+    kv_dim: int  # num_key_value_heads * head_dim
+    vocab: int
+
+    @classmethod
+    def from_hf(cls, config) -> "DecoderShape":
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return cls(
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            kv_heads * head_dim,
+            config.vocab_size,
+        )
+
+
+def micro_batch_activation_bytes(
+    shape: DecoderShape,
+    tokens: int,
+    checkpointing: bool,
+    chunk_tokens: int,
+    bytes_per_value: int = 2,
+) -> int:
+    """Estimated peak activation bytes of a forward + backward over `tokens` decoder tokens."""
+    per_layer = 10 * shape.hidden + 4 * shape.intermediate + 2 * shape.kv_dim  # values/token
+    cache = shape.layers * 2 * shape.kv_dim  # the shared prompt's K/V, kept for the completions
+    if checkpointing:
+        kept = shape.layers * shape.hidden + 2 * per_layer + cache
+    else:
+        kept = shape.layers * per_layer + cache
+    logits = 3 * chunk_tokens * shape.vocab * 4  # fp32 logits, log-softmax and their gradient
+    return tokens * kept * bytes_per_value + logits
