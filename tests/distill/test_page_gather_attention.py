@@ -51,6 +51,23 @@ def test_outputs_and_gradients_match_the_masked_path(score, group):
             assert (got - want).abs().max() < TOLERANCE, (chunk, name)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 3])
+def test_cuda_matches_the_cpu_masked_path(group):
+    """The same torch function on the GPU: equal to the masked path computed on the CPU."""
+    (q, k, v), budgets = _inputs(group, seed=1)
+    attn = SparseAttentionConfig(page_size=4)
+    ref = masked_sparse_attention(q, k, v, 0.3, SparseForwardMetadata(attn, budgets))
+    grad_out = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
+    on_gpu = [x.detach().cuda().requires_grad_() for x in (q, k, v)]
+    out = page_gather_attention(*on_gpu, budgets.cuda(), attn, 0.3, 16)
+    grads = torch.autograd.grad(out, on_gpu, grad_out.cuda())
+    assert (out.cpu() - ref).abs().max() < TOLERANCE
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert (got.cpu() - want).abs().max() < TOLERANCE
+
+
 def test_padding_reads_only_sink_and_recent_pages():
     budget_pages = torch.tensor([[0, 0, 0, 2, 3, 0, 0, 0, 0, 0]])  # (1, 10): 2 tokens, padding
     completion = budget_pages > 0
