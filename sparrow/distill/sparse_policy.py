@@ -113,7 +113,13 @@ class SparsePolicy:
         ids = input_ids[:, :used_len].to(device)  # (B, L)
         mask = completion_mask[:, :used_len].to(device)  # (B, L)
         budgets = query_budgets(budget_pages[:, :used_len].to(device), mask, self.attn.page_size)
-        meta = SparseForwardMetadata(self.attn, budgets)
+        # Padding reads only sink + recent pages: its outputs reach no real token (see
+        # query_budgets); the gate keeps the rollout's own budgets.
+        attention_budgets = query_budgets(
+            budget_pages[:, :used_len].to(device), mask, self.attn.page_size,
+            padding_pages=self.attn.num_sink + self.attn.num_recent,
+        )  # fmt: skip
+        meta = SparseForwardMetadata(self.attn, attention_budgets)
         gate = self.sparse_positions(budgets)[..., None].float() if self.gated else None
         with self._gated(gate):  # (B, L, 1)
             hidden = self.model.get_decoder()(input_ids=ids, sparrow_sparse=meta).last_hidden_state

@@ -9,7 +9,7 @@ from sparse_rollouts import dense_logprobs, dense_topk, make_rollout
 from sparrow.distill import DistillConfig, DistillSparse
 from sparrow.distill.loss import distill_loss, kl_topk
 
-# fp32 on CPU: the engine's paged decode and the masked parallel forward differ only by float
+# fp32 on CPU: the engine's paged decode and the parallel training forward differ only by float
 # reassociation (measured max ~8e-6 over 4 model/score combinations).
 TOLERANCE = 5e-5
 

@@ -3,11 +3,8 @@
 import pytest
 import torch
 
-from sparrow.distill.sparse_attention import (
-    SparseForwardMetadata,
-    query_budgets,
-    selected_key_mask,
-)
+from sparrow.distill.attention_reference import selected_key_mask
+from sparrow.distill.sparse_attention import SparseForwardMetadata, query_budgets
 from sparrow.kernels import PageSummary
 from sparrow.kernels.reference import select_pages_reference
 from sparrow.rollout.paged_attention import SparseAttentionConfig

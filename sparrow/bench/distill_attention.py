@@ -1,0 +1,188 @@
+"""DistillSparse's training-time sparse attention: peak memory and time of one adapter update,
+page-gathering path (the training path) against the masked O(T^2) reference.
+
+    python -m sparrow.bench.distill_attention --json runs/distill_attention.json
+    python -m sparrow.bench.distill_attention --lengths 2048 4096 --repeats 5 --time-length 4096
+
+The model is the tiny random Llama of the tests (4 layers, layers 0-1 dense, 4 query / 2 KV
+heads of 16 dims, LoRA rank 16 on every linear layer); one rollout row of T tokens: a 64-token
+prompt and T - 64 completion tokens, every one decoded with the same budget (--budget-tokens,
+pages of 16). One measurement is one `DistillSparse.step` (sparse forward, backward, AdamW).
+
+Memory: each (path, T) runs in its own subprocess, which reports its peak RSS
+(`resource.getrusage().ru_maxrss`) after building the model and batch, and again after the
+update; `step_mib` is the difference, the update's own high-water mark above the idle process.
+Time: both paths in one process at --time-length, alternating, --repeats runs each after one
+warm-up each; medians in seconds. Prints a table and writes JSON.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PATHS = ("gather", "masked")
+PROMPT_TOKENS = 64
+PAGE_SIZE = 16
+
+
+def _build(seq_len: int, budget_tokens: int, seed: int = 0):
+    """(DistillSparse, RolloutBatch, dense log-probs, advantages) for one row of seq_len tokens."""
+    import transformers
+
+    from sparrow.batch import RolloutBatch
+    from sparrow.distill import DistillConfig, DistillSparse
+    from sparrow.models.loading import tiny_model_config
+    from sparrow.rollout.paged_attention import SparseAttentionConfig
+
+    torch.manual_seed(seed)
+    config = tiny_model_config("llama")
+    config.max_position_embeddings = max(seq_len, config.max_position_embeddings)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    attn = SparseAttentionConfig(page_size=PAGE_SIZE)
+    cfg = DistillConfig(enabled=True, micro_batch_size=1)
+    distill = DistillSparse(cfg, model, attn, actor_lr=1e-4)
+    ids = torch.randint(3, config.vocab_size, (1, seq_len))  # (1, T)
+    completion = torch.arange(seq_len)[None] >= PROMPT_TOKENS  # (1, T)
+    pages = (torch.arange(seq_len) + PAGE_SIZE - 1) // PAGE_SIZE  # context of token t, pages
+    budget = torch.clamp(pages, max=budget_tokens // PAGE_SIZE)[None]  # (1, T)
+    zeros = torch.zeros(1, seq_len)
+    batch = RolloutBatch(
+        input_ids=ids,
+        attention_mask=torch.ones(1, seq_len, dtype=torch.bool),
+        completion_mask=completion,
+        prompt_lens=torch.tensor([PROMPT_TOKENS]),
+        sampled_logprobs=zeros,
+        topk_ids=torch.zeros(1, seq_len, 1, dtype=torch.long),
+        topk_logprobs=torch.zeros(1, seq_len, 1),
+        budget_pages=torch.where(completion, budget, 0).int(),
+        group_ids=torch.zeros(1, dtype=torch.long),
+        finish_reasons=["length"],
+    )
+    dense_logprobs = torch.where(completion, -2.0, 0.0)  # (1, T) any fixed target
+    advantages = completion.float()  # (1, T)
+    return distill, batch, dense_logprobs, advantages
+
+
+def _use(distill, path: str) -> None:
+    from sparrow.distill.attention_reference import register_reference_attention
+    from sparrow.distill.sparse_attention import register_attention
+
+    name = register_attention() if path == "gather" else register_reference_attention()
+    distill.policy.model.set_attn_implementation(name)
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def measure_memory(path: str, seq_len: int, budget_tokens: int) -> dict:
+    """In this (fresh) process: peak RSS before and after one update on `path`."""
+    distill, batch, dense, adv = _build(seq_len, budget_tokens)
+    _use(distill, path)
+    idle = _peak_mib()
+    start = time.perf_counter()
+    distill.step(batch, dense, adv, temperature=1.0)
+    seconds = time.perf_counter() - start
+    peak = _peak_mib()
+    return {
+        "path": path,
+        "seq_len": seq_len,
+        "budget_tokens": budget_tokens,
+        "idle_mib": round(idle, 1),
+        "peak_mib": round(peak, 1),
+        "step_mib": round(peak - idle, 1),
+        "step_s": round(seconds, 3),
+    }
+
+
+def _memory_in_subprocess(path: str, seq_len: int, budget_tokens: int, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "sparrow.bench.distill_attention", "--child", path, str(seq_len)]
+    cmd += ["--budget-tokens", str(budget_tokens)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        return {"path": path, "seq_len": seq_len, "error": f"rc {done.returncode}: {tail[0]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_time(seq_len: int, budget_tokens: int, repeats: int) -> dict:
+    """Both paths on one model, alternating: median seconds of one update each."""
+    distill, batch, dense, adv = _build(seq_len, budget_tokens)
+    seconds = {path: [] for path in PATHS}
+    for run in range(repeats + 1):  # run 0 warms up both
+        for path in PATHS:
+            _use(distill, path)
+            start = time.perf_counter()
+            distill.step(batch, dense, adv, temperature=1.0)
+            if run > 0:
+                seconds[path].append(time.perf_counter() - start)
+    medians = {path: statistics.median(s) for path, s in seconds.items()}
+    return {
+        "seq_len": seq_len,
+        "budget_tokens": budget_tokens,
+        "repeats": repeats,
+        "seconds": {path: [round(x, 3) for x in s] for path, s in seconds.items()},
+        "median_s": {path: round(m, 3) for path, m in medians.items()},
+        "masked_over_gather": round(medians["masked"] / medians["gather"], 2),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
+    p.add_argument("--budget-tokens", type=int, default=512)
+    p.add_argument("--masked-max-length", type=int, default=8192, help="skip masked beyond this")
+    p.add_argument("--time-length", type=int, default=4096, help="0: skip the time comparison")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per memory subprocess")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--child", nargs=2, metavar=("PATH", "T"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        path, seq_len = args.child
+        print(json.dumps(measure_memory(path, int(seq_len), args.budget_tokens)))
+        return 0
+    memory = []
+    print(f"peak RSS of one DistillSparse update, budget {args.budget_tokens} tokens (MiB)")
+    print(f"{'path':>7} {'T':>6} {'idle':>8} {'peak':>8} {'step':>8} {'time_s':>7}")
+    for seq_len in args.lengths:
+        for path in PATHS:
+            if path == "masked" and seq_len > args.masked_max_length:
+                row = {"path": path, "seq_len": seq_len, "error": "skipped (--masked-max-length)"}
+            else:
+                row = _memory_in_subprocess(path, seq_len, args.budget_tokens, args.timeout)
+            memory.append(row)
+            if "error" in row:
+                print(f"{path:>7} {seq_len:>6} {row['error']}")
+            else:
+                print(
+                    f"{path:>7} {seq_len:>6} {row['idle_mib']:>8.0f} {row['peak_mib']:>8.0f} "
+                    f"{row['step_mib']:>8.0f} {row['step_s']:>7.2f}"
+                )
+    result = {"memory": memory, "time": None}
+    if args.time_length:
+        timing = measure_time(args.time_length, args.budget_tokens, args.repeats)
+        result["time"] = timing
+        print(f"time of one update at T = {args.time_length}, medians of {args.repeats} (s):")
+        for path in PATHS:
+            print(f"{path:>7} {timing['median_s'][path]:>8.3f}  runs {timing['seconds'][path]}")
+        print(f"masked / gather = {timing['masked_over_gather']}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
