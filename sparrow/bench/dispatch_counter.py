@@ -1,0 +1,146 @@
+"""Counting what a piece of torch code launches and where it waits for the device, without a GPU.
+
+`DispatchCounter` is a TorchDispatchMode: every aten op that reaches a backend passes through it.
+It counts
+
+- launches: ops that run a kernel on a GPU. Views and metadata-only ops (view, reshape aliases,
+  slicing, expand, permute, transpose, as_strided, t, unsqueeze, squeeze, detach, alias,
+  _unsafe_view, split/chunk/unbind, select) are excluded: they describe a tensor, move no data.
+  Factory ops that fill memory (zeros, full, arange, ...) count, `empty` does not (no kernel);
+  nor does an op that returns (a view of) its input (a `.to()` or `.contiguous()` with nothing
+  to do). In-place ops and `out=` variants count.
+- host syncs: `aten._local_scalar_dense` (`.item()`, `int(t)`, `.tolist()`) and the ops whose
+  output shape depends on the data (nonzero, unique variants, masked_select, boolean-mask
+  indexing, repeat_interleave without output size): each one reads a device value back.
+
+With `strict=True` a host sync raises `HostSyncError` at the op that caused it (the sync guard of
+the decode tests). Triton launches do not go through the dispatcher: `count_triton_launches`
+wraps the JIT kernels of the given modules so that each `kernel[grid](...)` call is counted.
+"""
+
+import contextlib
+import types
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+# Ops that only describe a tensor (no kernel, no data movement).
+NO_LAUNCH = {
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "permute", "transpose", "t",
+    "unsqueeze", "squeeze", "slice", "select", "as_strided", "detach", "alias", "split",
+    "split_with_sizes", "chunk", "unbind", "empty", "empty_strided", "empty_like", "lift_fresh",
+    "view_as", "narrow", "unfold", "diagonal", "movedim", "sym_size", "sym_stride", "is_same_size",
+    "sym_numel", "sym_storage_offset", "_to_copy_noop", "resolve_conj", "resolve_neg",
+}  # fmt: skip
+# Ops whose output shape depends on tensor values: the host must read them back.
+DATA_DEPENDENT = {
+    "nonzero", "nonzero_static_noop", "unique", "_unique", "_unique2", "unique_dim",
+    "unique_consecutive", "masked_select", "repeat_interleave", "nonzero_numpy",
+}  # fmt: skip
+
+
+class HostSyncError(RuntimeError):
+    """A host sync inside code that must not have one."""
+
+
+def _op_name(func) -> str:
+    return func._schema.name.split("::")[-1]
+
+
+def _bool_index(func, args) -> bool:
+    """aten.index(_put) with a boolean mask: the selected count is data-dependent."""
+    if _op_name(func) not in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        return False
+    indices = args[1] if len(args) > 1 else ()
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices
+    )
+
+
+def _returns_alias(name: str, args, out) -> bool:
+    """An out-of-place op that hands back (a view of) an input: no kernel ran (a `.to()` or
+    `.contiguous()` that had nothing to do, a reshape that is a view)."""
+    if name.endswith("_") or not isinstance(out, torch.Tensor):
+        return False
+    storage = out.untyped_storage().data_ptr()
+    return any(
+        isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == storage for a in args
+    )
+
+
+class DispatchCounter(TorchDispatchMode):
+    def __init__(self, strict: bool = False):
+        super().__init__()
+        self.strict = strict
+        self.launches = Counter()  # op name -> count, for ops that launch a kernel
+        self.syncs = Counter()  # op name -> count, for host syncs
+        self.group: str | None = None  # label the next ops are counted under (e.g. a layer)
+        self.by_group = Counter()  # group -> launches
+        self.syncs_by_group = Counter()  # group -> host syncs
+        self.ops_by_group: dict[str | None, Counter] = {}  # group -> op name -> launches
+        self.triton_launches = Counter()  # kernel name -> launches (count_triton_launches)
+
+    @property
+    def num_launches(self) -> int:
+        return sum(self.launches.values())
+
+    @property
+    def num_syncs(self) -> int:
+        return sum(self.syncs.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = _op_name(func)
+        sync = name == "_local_scalar_dense" or name in DATA_DEPENDENT or _bool_index(func, args)
+        if sync:
+            if self.strict:
+                raise HostSyncError(f"host sync in guarded code: aten.{name}")
+            self.syncs[name] += 1
+            self.syncs_by_group[self.group] += 1
+        out = func(*args, **(kwargs or {}))
+        if not sync and name not in NO_LAUNCH and not _returns_alias(name, args, out):
+            self.record(name)
+        return out
+
+    def record(self, name: str) -> None:
+        """One kernel launch of `name` under the current group."""
+        self.launches[name] += 1
+        self.by_group[self.group] += 1
+        self.ops_by_group.setdefault(self.group, Counter())[name] += 1
+
+
+@contextlib.contextmanager
+def count_triton_launches(modules: list[types.ModuleType], counter: DispatchCounter):
+    """Count `kernel[grid](...)` launches of every Triton JIT kernel defined at the top level of
+    `modules` into `counter` (as launches named `triton:<kernel>`) while the context is open."""
+    patched = []
+    for module in modules:
+        for name, obj in vars(module).items():
+            if type(obj).__name__ in ("JITFunction", "InterpretedFunction", "Autotuner"):
+                patched.append((module, name, obj))
+                setattr(module, name, _CountingKernel(obj, name, counter))
+    try:
+        yield counter
+    finally:
+        for module, name, obj in patched:
+            setattr(module, name, obj)
+
+
+class _CountingKernel:
+    def __init__(self, kernel, name: str, counter: DispatchCounter):
+        self._kernel, self._name, self._counter = kernel, name, counter
+
+    def __getitem__(self, grid):
+        launch = self._kernel[grid]
+
+        def run(*args, **kwargs):
+            self._counter.record(f"triton:{self._name}")
+            self._counter.triton_launches[self._name] += 1
+            return launch(*args, **kwargs)
+
+        return run
+
+    def __getattr__(self, attr):
+        return getattr(self._kernel, attr)
