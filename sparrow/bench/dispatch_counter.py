@@ -9,9 +9,11 @@ It counts
   Factory ops that fill memory (zeros, full, arange, ...) count, `empty` does not (no kernel);
   nor does an op that returns (a view of) its input (a `.to()` or `.contiguous()` with nothing
   to do). In-place ops and `out=` variants count.
-- host syncs: `aten._local_scalar_dense` (`.item()`, `int(t)`, `.tolist()`) and the ops whose
-  output shape depends on the data (nonzero, unique variants, masked_select, boolean-mask
-  indexing, repeat_interleave without output size): each one reads a device value back.
+- host syncs: `aten._local_scalar_dense` (`.item()`, `int(t)`), `Tensor.tolist` (which on a CPU
+  tensor bypasses the dispatcher, so the counter wraps it while active), copies from a CUDA
+  tensor to the CPU, and the ops whose output shape depends on the data (nonzero, unique
+  variants, masked_select, boolean-mask indexing, repeat_interleave without output size): each
+  one reads a device value back.
 
 With `strict=True` a host sync raises `HostSyncError` at the op that caused it (the sync guard of
 the decode tests). Triton launches do not go through the dispatcher: `count_triton_launches`
@@ -71,6 +73,16 @@ def _returns_alias(name: str, args, out) -> bool:
     )
 
 
+def _device_to_host(name: str, args, kwargs) -> bool:
+    """A copy from a CUDA tensor to the CPU (`.cpu()`, `.to("cpu")`, `cpu_tensor.copy_(cuda)`)."""
+    if name == "_to_copy":
+        device = (kwargs or {}).get("device")
+        return args[0].is_cuda and device is not None and torch.device(device).type == "cpu"
+    if name == "copy_":
+        return not args[0].is_cuda and args[1].is_cuda
+    return False
+
+
 class DispatchCounter(TorchDispatchMode):
     def __init__(self, strict: bool = False):
         super().__init__()
@@ -91,14 +103,37 @@ class DispatchCounter(TorchDispatchMode):
     def num_syncs(self) -> int:
         return sum(self.syncs.values())
 
+    def __enter__(self):
+        self._tolist = torch.Tensor.tolist
+        counter, tolist = self, self._tolist
+
+        def counted_tolist(t):
+            counter._sync("tolist")
+            return tolist(t)
+
+        torch.Tensor.tolist = counted_tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+    def _sync(self, name: str) -> None:
+        if self.strict:
+            raise HostSyncError(f"host sync in guarded code: {name}")
+        self.syncs[name] += 1
+        self.syncs_by_group[self.group] += 1
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = _op_name(func)
-        sync = name == "_local_scalar_dense" or name in DATA_DEPENDENT or _bool_index(func, args)
+        sync = (
+            name == "_local_scalar_dense"
+            or name in DATA_DEPENDENT
+            or _bool_index(func, args)
+            or _device_to_host(name, args, kwargs)
+        )
         if sync:
-            if self.strict:
-                raise HostSyncError(f"host sync in guarded code: aten.{name}")
-            self.syncs[name] += 1
-            self.syncs_by_group[self.group] += 1
+            self._sync(f"aten.{name}")
         out = func(*args, **(kwargs or {}))
         if not sync and name not in NO_LAUNCH and not _returns_alias(name, args, out):
             self.record(name)
