@@ -47,6 +47,9 @@ status=0
 echo "== gpu tests"
 timeout 360 "$PY" -m pytest tests/kernels/test_gpu_kernels.py -m gpu -q -rs -p no:cacheprovider \
     2>&1 | tee "$RESULTS/gpu_tests.txt" || status=1
+echo "== engine gpu tests (CUDA-graph replay = eager)"
+timeout 300 "$PY" -m pytest tests/rollout/test_cuda_graphs_gpu.py tests/rollout/test_engine_gpu.py \
+    -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$RESULTS/engine_gpu_tests.txt" || status=1
 echo "== kernel benchmark"
 timeout 300 "$PY" -m sparrow.bench.cli kernel --sweep --json "$RESULTS/kernel_bench.json" \
     2>&1 | tee "$RESULTS/kernel_bench.txt" || status=1

@@ -61,7 +61,7 @@ class RandomWeights:
     """What ModelRunner reads from an HF model (config, state_dict, parameters), with random
     HF-named weights: building the HF module of a 28-layer model costs ~30 s of init on 2 cores."""
 
-    def __init__(self, config, seed: int = 0):
+    def __init__(self, config, seed: int = 0, device: str = "cpu"):
         self.config = config
         gen = torch.Generator().manual_seed(seed)
         h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
@@ -90,6 +90,8 @@ class RandomWeights:
                 p + "mlp.down_proj.weight": w(h, inter),
             })  # fmt: skip
 
+        self._state = {k: v.to(device) for k, v in self._state.items()}
+
     def state_dict(self) -> dict:
         return self._state
 
@@ -106,13 +108,15 @@ def prefilled_runner(
     page_size: int = 16,
     seed: int = 0,
     weights: RandomWeights | None = None,
+    cuda_graphs: bool = False,
 ) -> tuple[ModelRunner, list[Sequence], BlockManager]:
     """A runner over a random model (`weights`, else new ones for `config`) with one sequence per
     prompt length, prefilled (summaries kept current) and ready for its first decode step."""
     model = weights or RandomWeights(config, seed)
     num_pages = sum(-(-(n + 64) // page_size) for n in prompt_lens)
     attn = SparseAttentionConfig(page_size=page_size, backend=backend)
-    runner = ModelRunner(model, attn, num_pages, dtype, Linear("torch", batch_hint=1))
+    linear = Linear("torch", batch_hint=1)
+    runner = ModelRunner(model, attn, num_pages, dtype, linear, cuda_graphs=cuda_graphs)
     bm = BlockManager(num_pages, page_size)
     gen = torch.Generator().manual_seed(seed)
     seqs = []
