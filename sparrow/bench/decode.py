@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{d['per_layer_dense']:.1f} | step launches {s['launches_total']} | syncs in "
                 f"layers {s['syncs_in_layers']} (step {s['syncs_total']}: {s['sync_ops']})"
             )
-    report.update(page_table_costs(args.pt_seqs, args.pt_pages))
+    if args.pt_seqs > 0:
+        report.update(page_table_costs(args.pt_seqs, args.pt_pages))
     main_run = report["runs"][f"{args.backends[-1]}/{args.dtypes[-1]}"]
     report["launches_per_layer_sparse"] = main_run["sparse_step"]["per_layer_sparse"]
     report["launches_per_layer_dense"] = main_run["dense_step"]["per_layer_dense"]
@@ -289,11 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     report["host_syncs_per_step_whole_call"] = max(
         r[k]["syncs_total"] for r in report["runs"].values() for k in r
     )
-    print(
-        f"page table at {args.pt_seqs} x {args.pt_pages}: update "
-        f"{report['page_table_update_ms']:.3f} ms/step vs rebuild "
-        f"{report['page_table_rebuild_ms']:.3f} ms/step"
-    )
+    if args.pt_seqs > 0:
+        print(
+            f"page table at {args.pt_seqs} x {args.pt_pages}: update "
+            f"{report['page_table_update_ms']:.3f} ms/step vs rebuild "
+            f"{report['page_table_rebuild_ms']:.3f} ms/step"
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -311,7 +313,7 @@ def _parse(argv):
     p.add_argument("--triton-lens", type=int, nargs="+", default=[70])
     p.add_argument("--triton-layers", type=int, default=3, help="layers of the Triton runs")
     p.add_argument("--budget", type=int, default=4, help="pages per sparse layer")
-    p.add_argument("--pt-seqs", type=int, default=256, help="page-table timing: sequences")
+    p.add_argument("--pt-seqs", type=int, default=256, help="page-table timing: sequences, 0: skip")
     p.add_argument("--pt-pages", type=int, default=2048, help="page-table timing: pages each")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     return p.parse_args(argv)

@@ -43,13 +43,14 @@ class SelectionPlan:
     for every sparse layer of the step, so an engine builds it once (`selection_plan`)."""
 
     phys: Tensor  # (B, P) int64 physical page of each column in use, 0 past the length
+    phys32: Tensor  # (B, P) int32 the same, which the kernels take
     distinct: Tensor | None  # (U,) distinct pages when samples share enough of them, else None
     column: Tensor | None  # (B, P) int64 index into `distinct` of each column
     num_selected: Tensor  # (B,) int32 pages kept per (sequence, KV head)
     max_selected: int  # S, slots of the output (>= every row's count)
     max_top: int  # K, pages taken by score (>= every row's count of them)
     candidate: Tensor  # (B, 1, P) bool pages eligible for the top-by-score choice
-    keep_top: Tensor  # (B, 1, K) bool which of the top-K picks (by rank) a sequence keeps
+    drop_top: Tensor  # (B, 1, K) bool which of the top-K picks (by rank) a sequence drops
     from_top: Tensor  # (B, 1, S) bool slots filled by a top pick, in ascending page order
     fixed: Tensor  # (B, 1, S) int64 logical page of every other slot (sink, recent, dense, pad)
     top_slot: Tensor  # (S,) int64 index of a slot's pick among the ascending kept picks
@@ -121,13 +122,14 @@ def selection_plan(
     fixed = torch.where(slots < num_selected[:, None, None], fixed, 0)  # padding -> page 0
     return SelectionPlan(
         phys=phys,
+        phys32=phys.to(torch.int32),
         distinct=None if shared is None else shared[0],
         column=None if shared is None else shared[1],
         num_selected=num_selected.to(torch.int32),
         max_selected=max_selected,
         max_top=max_top,
         candidate=(pages >= num_sink) & (pages < n - num_recent),
-        keep_top=torch.arange(max_top, device=device) < num_top[:, None, None],
+        drop_top=torch.arange(max_top, device=device) >= num_top[:, None, None],
         from_top=from_top,
         fixed=fixed,
         top_slot=(slots - num_sink).clamp(0, max(max_top - 1, 0)),
@@ -238,11 +240,11 @@ def select_from_scores(
     if plan.max_top > 0:
         masked = torch.where(plan.candidate, scores, float("-inf"))  # (B, H_kv, P)
         top_idx = masked.topk(plan.max_top, dim=-1).indices  # (B, H_kv, K), by rank
-        kept = top_idx.masked_fill_(~plan.keep_top, max_pages).sort(dim=-1).values  # ascending
+        kept = top_idx.masked_fill_(plan.drop_top, max_pages).sort(dim=-1).values  # ascending
         logical = torch.where(plan.from_top, kept[..., plan.top_slot], logical)  # (B, H_kv, S)
-    physical = plan.phys.gather(1, logical.reshape(batch, -1)).view(shape)  # (B, H_kv, S)
+    physical = plan.phys32.gather(1, logical.reshape(batch, -1)).view(shape)  # (B, H_kv, S)
     return SelectedPages(
         logical_pages=logical.to(torch.int32),
         num_selected=plan.num_selected,
-        physical_pages=physical.to(torch.int32),
+        physical_pages=physical,
     )
