@@ -116,7 +116,8 @@ def prefilled_runner(
     num_pages = sum(-(-(n + 64) // page_size) for n in prompt_lens)
     attn = SparseAttentionConfig(page_size=page_size, backend=backend)
     linear = Linear("torch", batch_hint=1)
-    runner = ModelRunner(model, attn, num_pages, dtype, linear, cuda_graphs=cuda_graphs)
+    graphs = {"cuda_graphs": True} if cuda_graphs else {}  # (runs against older runners too)
+    runner = ModelRunner(model, attn, num_pages, dtype, linear, **graphs)
     bm = BlockManager(num_pages, page_size)
     gen = torch.Generator().manual_seed(seed)
     seqs = []
