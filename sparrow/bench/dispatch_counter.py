@@ -9,8 +9,9 @@ It counts
   Factory ops that fill memory (zeros, full, arange, ...) count, `empty` does not (no kernel);
   nor does an op that returns (a view of) its input (a `.to()` or `.contiguous()` with nothing
   to do). In-place ops and `out=` variants count.
-- host syncs: `aten._local_scalar_dense` (`.item()`, `int(t)`), `Tensor.tolist` (which on a CPU
-  tensor bypasses the dispatcher, so the counter wraps it while active), copies from a CUDA
+- host syncs: `aten._local_scalar_dense` and the Tensor methods that read a value back
+  (`tolist`, `item`, `int()`, `float()`, `bool()`, `__index__`: on a CPU tensor these may bypass
+  the dispatcher, so the counter wraps them while active), copies from a CUDA
   tensor to the CPU, and the ops whose output shape depends on the data (nonzero, unique
   variants, masked_select, boolean-mask indexing, repeat_interleave without output size): each
   one reads a device value back.
@@ -94,6 +95,8 @@ class DispatchCounter(TorchDispatchMode):
         self.syncs_by_group = Counter()  # group -> host syncs
         self.ops_by_group: dict[str | None, Counter] = {}  # group -> op name -> launches
         self.triton_launches = Counter()  # kernel name -> launches (count_triton_launches)
+        self.paused = False  # set during a Triton launch: what it does inside is not counted
+        self._inside = 0
 
     @property
     def num_launches(self) -> int:
@@ -103,19 +106,30 @@ class DispatchCounter(TorchDispatchMode):
     def num_syncs(self) -> int:
         return sum(self.syncs.values())
 
+    # Tensor methods that read a value back but may bypass the dispatcher on CPU tensors.
+    _READBACKS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__")
+
     def __enter__(self):
-        self._tolist = torch.Tensor.tolist
-        counter, tolist = self, self._tolist
+        self._saved = {name: getattr(torch.Tensor, name) for name in self._READBACKS}
+        self._inside = 0  # > 0 while a wrapped read-back runs (its own dispatch is not counted)
 
-        def counted_tolist(t):
-            counter._sync("tolist")
-            return tolist(t)
+        for name, method in self._saved.items():
 
-        torch.Tensor.tolist = counted_tolist
+            def wrapped(t, *args, _name=name, _method=method, **kwargs):
+                if not self._inside:
+                    self._sync(_name)
+                self._inside += 1
+                try:
+                    return _method(t, *args, **kwargs)
+                finally:
+                    self._inside -= 1
+
+            setattr(torch.Tensor, name, wrapped)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, method)
         return super().__exit__(*exc)
 
     def _sync(self, name: str) -> None:
@@ -132,7 +146,9 @@ class DispatchCounter(TorchDispatchMode):
             or _bool_index(func, args)
             or _device_to_host(name, args, kwargs)
         )
-        if sync:
+        if self.paused:  # inside a counted Triton launch: the interpreter's own copies
+            return func(*args, **(kwargs or {}))
+        if sync and not self._inside:
             self._sync(f"aten.{name}")
         out = func(*args, **(kwargs or {}))
         if not sync and name not in NO_LAUNCH and not _returns_alias(name, args, out):
@@ -173,7 +189,13 @@ class _CountingKernel:
         def run(*args, **kwargs):
             self._counter.record(f"triton:{self._name}")
             self._counter.triton_launches[self._name] += 1
-            return launch(*args, **kwargs)
+            # Under TRITON_INTERPRET the launch copies its tensor arguments with torch ops; on
+            # a GPU it is one launch.
+            paused, self._counter.paused = self._counter.paused, True
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                self._counter.paused = paused
 
         return run
 
