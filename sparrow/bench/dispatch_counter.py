@@ -36,7 +36,7 @@ NO_LAUNCH = {
     "unsqueeze", "squeeze", "slice", "select", "as_strided", "detach", "alias", "split",
     "split_with_sizes", "chunk", "unbind", "empty", "empty_strided", "empty_like", "lift_fresh",
     "view_as", "narrow", "unfold", "diagonal", "movedim", "sym_size", "sym_stride", "is_same_size",
-    "sym_numel", "sym_storage_offset", "_to_copy_noop", "resolve_conj", "resolve_neg",
+    "sym_numel", "sym_storage_offset", "resolve_conj", "resolve_neg", "item",
 }  # fmt: skip
 # Ops whose output shape depends on tensor values: the host must read them back.
 DATA_DEPENDENT = {
