@@ -143,7 +143,13 @@ class DecodePlan:
                 slots + [self.pad_slot] * pad,
             ]
         )  # (8, B)
-        table = self.table[:, :columns].index_select(0, packed[7])  # (B, P)
+        if pad == 0 and slots == list(range(num)):
+            # Rows in slot order (the steady state: no sequence finished since the slots were
+            # handed out): the table's leading rows are the step's table, no copy. Later
+            # updates write in place, after this step's forward in stream order.
+            table = self.table[:num, :columns]  # (B, P) view
+        else:
+            table = self.table[:, :columns].index_select(0, packed[7])  # (B, P)
         max_selected = max_top = 0
         if budgets is not None:
             pages = [-(-n // ps) for n in lens]

@@ -152,6 +152,8 @@ class PagedKVCache:
     def prepare_decode(self, meta: DecodeMetadata) -> None:
         """The part of the step's plan that the forward itself builds from `meta`'s tensors (and
         a captured graph replays): the sparse layers' selection plan. Fixed shapes, no sync."""
+        if self._fused_sparse:  # the C++ kernel takes a contiguous table: copy it once
+            meta.page_table = meta.page_table.contiguous()
         if meta.budgets is None or not self._sparse_layers or self._fused_sparse:
             return
         meta.selection = selection_plan(
