@@ -14,6 +14,7 @@ import sys
 from sparrow.cli.errors import run_main
 
 COMMANDS = {
+    "decode": "sparrow.bench.decode",  # one decode step: launches per layer, host syncs, page table
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
     "rollout": "sparrow.bench.rollout",  # engine vs HF generate; sparse vs dense decode + p5
     "step": "sparrow.bench.step",  # one GRPO step, sparse vs dense rollouts: phases, speedups

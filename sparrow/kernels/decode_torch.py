@@ -31,15 +31,19 @@ def gather_plan(
     selected: SelectedPages | None,
     page_size: int,
     num_kv_heads: int,
+    num_slots: int | None = None,
 ) -> GatherPlan:
-    """The cache rows and mask of one decode step (all pages when `selected` is None)."""
+    """The cache rows and mask of one decode step (all pages when `selected` is None).
+    `num_slots`: with `selected` None, pages gathered per row (>= the longest row's), known to
+    the caller's host bookkeeping; None reads the longest length from the device (a sync)."""
     batch = page_table.shape[0]
     device = page_table.device
     seq_lens = seq_lens.long()  # (B,)
     num_logical = (seq_lens + page_size - 1) // page_size  # (B,)
 
     if selected is None:
-        num_slots = int(num_logical.max())
+        if num_slots is None:
+            num_slots = int(num_logical.max())
         logical = torch.arange(num_slots, device=device).expand(batch, num_kv_heads, num_slots)
         num_selected = num_logical  # (B,)
     else:

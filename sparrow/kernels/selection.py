@@ -6,6 +6,13 @@ Per (sequence, KV head): n = ceil(seq_len / page_size) pages. If n <= budget eve
 (budget - num_sink - num_recent) other pages by score. Every KV head of a sequence keeps the same
 number of pages but picks its own. Scores ("centroid", the paper's; "quest", Quest's bound) are
 computed here in torch or by the Triton kernel in score_triton.py; the choice from scores is torch.
+
+A decode step builds a `SelectionPlan` once (`selection_plan`): everything selection needs that
+does not depend on a layer's queries. Given the step's largest counts as host integers (an engine
+knows them from its own bookkeeping, and may round them up so that shapes repeat), neither the
+plan nor the per-layer choice reads a device value back: fixed shapes, no host sync, so the
+step can be captured as a CUDA graph. Each layer then costs one top-k, a sort of the picks and
+a few fixed-shape gathers (`select_from_scores`).
 """
 
 from dataclasses import dataclass
@@ -20,10 +27,14 @@ SCORE_MODES = ("centroid", "quest")
 
 @dataclass
 class SelectedPages:
-    """Pages each (sequence, KV head) attends to, padded to the batch's largest count S."""
+    """Pages each (sequence, KV head) attends to, padded to S slots (at least the batch's largest
+    count). Padding slots hold logical page 0 and its physical page (valid ids, never attended)."""
 
     logical_pages: Tensor  # (B, H_kv, S) int32, ascending per row; past num_selected[b]: padding
     num_selected: Tensor  # (B,) int32, the same for every KV head of a sequence
+    # (B, H_kv, S) int32 physical page of each slot, from the plan's page table; None when the
+    # selection was made without one (training-time selection has no pages)
+    physical_pages: Tensor | None = None
 
 
 @dataclass
@@ -32,18 +43,29 @@ class SelectionPlan:
     for every sparse layer of the step, so an engine builds it once (`selection_plan`)."""
 
     phys: Tensor  # (B, P) int64 physical page of each column in use, 0 past the length
+    phys32: Tensor  # (B, P) int32 the same, which the kernels take
     distinct: Tensor | None  # (U,) distinct pages when samples share enough of them, else None
     column: Tensor | None  # (B, P) int64 index into `distinct` of each column
-    num_selected: Tensor  # (B,) int64 pages kept per (sequence, KV head)
-    num_top: Tensor  # (B,) int64 of those chosen by score
-    max_selected: int
-    max_top: int
+    num_selected: Tensor  # (B,) int32 pages kept per (sequence, KV head)
+    max_selected: int  # S, slots of the output (>= every row's count)
+    max_top: int  # K, pages taken by score (>= every row's count of them)
     candidate: Tensor  # (B, 1, P) bool pages eligible for the top-by-score choice
-    always: Tensor  # (B, 1, P) bool pages kept regardless of score (sink, recent, dense rows)
-    keep_top: Tensor  # (B, 1, max_top) bool which of the top-max_top a sequence keeps
+    drop_top: Tensor  # (B, 1, K) bool which of the top-K picks (by rank) a sequence drops
+    from_top: Tensor  # (B, 1, S) bool slots filled by a top pick, in ascending page order
+    fixed: Tensor  # (B, 1, S) int64 logical page of every other slot (sink, recent, dense, pad)
+    top_slot: Tensor  # (S,) int64 index of a slot's pick among the ascending kept picks
     # (B * H_kv * P,) rows of a summary table viewed as (pages * H_kv, D) in (B, H_kv, P) order:
     # filled by the step's first torch scoring, then read by every other sparse layer.
     summary_rows: Tensor | None = None
+
+
+def distinct_pages(page_table: Tensor, seq_lens: Tensor, page_size: int) -> tuple[Tensor, Tensor]:
+    """(distinct (U,), column (B, P)) of the pages in use, for `selection_plan(shared=...)`.
+    Data-dependent shapes (torch.unique): for CPU engines, before the forward, never on a GPU."""
+    pages = torch.arange(page_table.shape[1], device=page_table.device)  # (P,)
+    num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
+    phys = torch.where(pages < num_logical[:, None], page_table.long(), 0)  # (B, P)
+    return torch.unique(phys, return_inverse=True)
 
 
 def selection_plan(
@@ -55,41 +77,62 @@ def selection_plan(
     num_sink: int,
     num_recent: int,
     trim: bool = False,
+    max_selected: int | None = None,
+    max_top: int | None = None,
+    shared: tuple[Tensor, Tensor] | None = None,
 ) -> SelectionPlan:
     """The step's selection inputs; page_table (B, P) int32, seq_lens (B,), budgets (B,).
-    `trim` drops the columns past the longest sequence (engines may pad page tables to the
-    longest possible one; scoring cost should follow the batch's actual context)."""
+
+    `max_selected`, `max_top`: upper bounds on any row's kept pages and pages chosen by score,
+    known on the host (the engine's plan; it may round them up to buckets). With both given the
+    plan costs no host sync and has shapes fixed by them and P. Without them they are read from
+    the device (one sync), `trim` drops the columns past the longest sequence (a second sync), and
+    when samples share their pages (distinct ids at most half the entries) scoring reads each
+    distinct page's summary once (`distinct_pages`, data-dependent shapes). `shared`: that
+    distinct-page split, computed by the caller ahead of a sync-free plan.
+    """
     device = page_table.device
-    if trim:
+    synced = max_selected is None or max_top is None
+    if trim and synced:
         page_table = page_table[:, : -(-int(seq_lens.max()) // page_size)]
     max_pages = page_table.shape[1]
     num_logical = (seq_lens.long() + page_size - 1) // page_size  # (B,)
     pages = torch.arange(max_pages, device=device)  # (P,)
     phys = torch.where(pages < num_logical[:, None], page_table.long(), 0)  # (B, P)
-    # The n samples of a prompt share its pages: when the distinct pages are at most half the
-    # entries, scoring reads each distinct page's summary once (see page_scores_torch).
-    distinct, column = torch.unique(phys, return_inverse=True)  # (U,), (B, P)
-    if 2 * distinct.numel() > phys.numel():
-        distinct, column = None, None
     budgets = budgets.long().to(device)  # (B,)
     sparse_row = num_logical > budgets  # (B,)
     num_selected = torch.where(sparse_row, budgets, num_logical)  # (B,)
     num_top = torch.where(sparse_row, budgets - num_sink - num_recent, 0)  # (B,)
-    max_selected, max_top = torch.stack([num_selected.max(), num_top.max()]).tolist()
+    if synced:
+        max_selected, max_top = torch.stack([num_selected.max(), num_top.max()]).tolist()
+        if shared is None:
+            distinct, column = torch.unique(phys, return_inverse=True)  # (U,), (B, P)
+            if 2 * distinct.numel() <= phys.numel():
+                shared = distinct, column
+    max_top = min(max_top, max_pages)  # topk takes at most the row's columns
     n = num_logical[:, None, None]  # (B, 1, 1)
-    forced = (pages < num_sink) | ((pages >= n - num_recent) & (pages < n))  # (B, 1, P)
-    dense = (pages < n) & ~sparse_row[:, None, None]  # (B, 1, P)
+    slots = torch.arange(max_selected, device=device)  # (S,)
+    # Slot layout of a sparse row: sink pages, its num_top picks in ascending order, the recent
+    # pages; a dense row holds its pages in order. The picks are the only per-layer part.
+    top_end = (num_sink + num_top)[:, None, None]  # (B, 1, 1)
+    sparse = sparse_row[:, None, None]  # (B, 1, 1)
+    from_top = sparse & (slots >= num_sink) & (slots < top_end)  # (B, 1, S)
+    recent = sparse & (slots >= top_end)  # (B, 1, S)
+    fixed = torch.where(recent, n - num_selected[:, None, None] + slots, slots)  # (B, 1, S)
+    fixed = torch.where(slots < num_selected[:, None, None], fixed, 0)  # padding -> page 0
     return SelectionPlan(
         phys=phys,
-        distinct=distinct,
-        column=column,
-        num_selected=num_selected,
-        num_top=num_top,
+        phys32=phys.to(torch.int32),
+        distinct=None if shared is None else shared[0],
+        column=None if shared is None else shared[1],
+        num_selected=num_selected.to(torch.int32),
         max_selected=max_selected,
         max_top=max_top,
         candidate=(pages >= num_sink) & (pages < n - num_recent),
-        always=(forced & sparse_row[:, None, None]) | dense,
-        keep_top=torch.arange(max_top, device=device) < num_top[:, None, None],
+        drop_top=torch.arange(max_top, device=device) >= num_top[:, None, None],
+        from_top=from_top,
+        fixed=fixed,
+        top_slot=(slots - num_sink).clamp(0, max(max_top - 1, 0)),
     )
 
 
@@ -174,7 +217,12 @@ def select_from_scores(
     plan: SelectionPlan | None = None,
 ) -> SelectedPages:
     """Apply the selection rule to page scores (B, H_kv, max_pages); vectorised over the batch.
-    `plan`: the step's `selection_plan` for these arguments, built here when None."""
+    `plan`: the step's `selection_plan` for these arguments, built here when None (one sync).
+
+    Fixed shapes: the top-K picks by score are sorted by page and laid into the slots between
+    the sink and the recent pages; the picks a row does not keep (rank >= its count) are moved
+    past every page before the sort, so a row's kept picks come first. Same pages and order as
+    marking the chosen pages in a (B, H_kv, P) mask and compacting it (the loop reference)."""
     batch, num_kv_heads, max_pages = scores.shape
     device = scores.device
     if plan is None:
@@ -187,21 +235,16 @@ def select_from_scores(
             num_sink=num_sink,
             num_recent=num_recent,
         )
-    chosen = torch.zeros(batch, num_kv_heads, max_pages, dtype=torch.bool, device=device)
+    shape = (batch, num_kv_heads, plan.max_selected)
+    logical = plan.fixed.expand(shape)  # (B, H_kv, S)
     if plan.max_top > 0:
-        masked = torch.where(plan.candidate, scores.float(), float("-inf"))  # (B, H_kv, P)
-        top_idx = masked.topk(plan.max_top, dim=-1).indices  # (B, H_kv, K), distinct per row
-        chosen.scatter_(2, top_idx, plan.keep_top.expand_as(top_idx))
-    chosen |= plan.always
-
-    # Compact each row's chosen pages to the front in ascending order: a chosen page's slot is the
-    # number of chosen pages before it; unchosen pages are written to a discarded extra column.
-    max_selected = plan.max_selected
-    pages = torch.arange(max_pages, device=device)  # (P,)
-    slot = torch.where(chosen, chosen.long().cumsum(dim=-1) - 1, max_selected)  # (B, H_kv, P)
-    out = torch.zeros(batch, num_kv_heads, max_selected + 1, dtype=torch.long, device=device)
-    out.scatter_(2, slot, pages.expand(batch, num_kv_heads, max_pages))
+        masked = torch.where(plan.candidate, scores, float("-inf"))  # (B, H_kv, P)
+        top_idx = masked.topk(plan.max_top, dim=-1).indices  # (B, H_kv, K), by rank
+        kept = top_idx.masked_fill_(plan.drop_top, max_pages).sort(dim=-1).values  # ascending
+        logical = torch.where(plan.from_top, kept[..., plan.top_slot], logical)  # (B, H_kv, S)
+    physical = plan.phys32.gather(1, logical.reshape(batch, -1)).view(shape)  # (B, H_kv, S)
     return SelectedPages(
-        logical_pages=out[..., :max_selected].to(torch.int32).contiguous(),
-        num_selected=plan.num_selected.to(torch.int32),
+        logical_pages=logical.to(torch.int32),
+        num_selected=plan.num_selected,
+        physical_pages=physical,
     )

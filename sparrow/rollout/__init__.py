@@ -5,6 +5,8 @@
     scheduler.py      queues, batches, preemption    (torch-free)
     rope.py, model.py, linear.py   Llama/Qwen3 forward on the engine's copy of HF weights
     paged_attention.py             paged KV cache, dense/sparse decode attention
+    decode_plan.py    persistent decode metadata, updated by what changed; shape buckets
+    cuda_graph.py     decode forward captured and replayed per step shape
     model_runner.py   sequences -> tensors -> logits
     sampler.py        temperature / top-k / top-p, log-probs, top-K
     outputs.py        GenerationOutput, per-token records, GenerateStats

@@ -54,6 +54,9 @@ class EngineConfig:
     dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
     linear_backend: str = "torch"  # GEMMs: "torch" (as HF) | "onednn" (CPU fp32, packed, faster)
     seed: int = 0  # sampler seed; each generate call reseeds with seed + call index
+    # Replay decode steps from CUDA graphs captured per step shape (batch, pages and budget padded
+    # to buckets); CUDA with the Triton backend only. Eager when an unmerged LoRA gates rows.
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -84,7 +87,15 @@ class LLMEngine:
             dense_kv_copy=cfg.dense_kv_copy,
         )
         linear = Linear(cfg.linear_backend, batch_hint=min(cfg.max_batch_size, 64))
-        self.runner = ModelRunner(model, attn, cfg.num_pages, getattr(torch, cfg.dtype), linear)
+        self.runner = ModelRunner(
+            model,
+            attn,
+            cfg.num_pages,
+            getattr(torch, cfg.dtype),
+            linear,
+            cuda_graphs=cfg.cuda_graphs,
+            max_batch_size=cfg.max_batch_size,
+        )
         self.sampler = Sampler(cfg.topk_logprobs, cfg.seed, self.runner.device)
         self.schedule = schedule
         self.eos_token_ids = _eos_ids(model, tokenizer)
@@ -215,7 +226,8 @@ class LLMEngine:
                 seq.completion_ids.append(completions[seq.seq_id][t])
                 if bm.needs_page(seq):
                     bm.append_page(seq)
-            rows = self.runner.decode(step, self._budgets(step), tracked)  # (B, V)
+            # A copy: with CUDA graphs the logits buffer is overwritten by the next step.
+            rows = self.runner.decode(step, self._budgets(step), tracked).clone()  # (B, V)
             for seq, row in zip(step, rows, strict=True):
                 logits[seq.seq_id].append(row)
         return [torch.stack(rows)[: len(c)] for rows, c in zip(logits, completions, strict=True)]

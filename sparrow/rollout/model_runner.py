@@ -7,11 +7,22 @@ of full pages are written once into the group's shared pages and those of the pa
 into every member's private page. `decode` runs one token per sequence with the per-sequence
 budgets (None: dense); with an unmerged LoRA set on the model, only the rows whose budget drops
 pages add its delta (DistillSparse's gated mode). Run under torch.inference_mode.
+
+Decode is planned, then run: the step's metadata comes from the persistent `DecodePlan`
+(decode_plan.py, updated by what changed since the previous step), and the forward reads no
+device value back, so that with `cuda_graphs` it is replayed from a graph captured per step
+shape (cuda_graph.py; eager when an unmerged LoRA gates rows). The cache holds one page more
+than the pool: the scratch page padding rows write to.
 """
+
+import warnings
 
 import torch
 from torch import Tensor
 
+from sparrow.kernels.selection import distinct_pages
+from sparrow.rollout.cuda_graph import DecodeGraphs
+from sparrow.rollout.decode_plan import DecodePlan, DecodeStep
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.model import DecoderModel
 from sparrow.rollout.paged_attention import (
@@ -31,7 +42,13 @@ class ModelRunner:
         num_pages: int,
         dtype: torch.dtype,
         linear: Linear,
+        *,
+        cuda_graphs: bool = False,
+        max_batch_size: int = 64,
     ):
+        """`cuda_graphs`: replay decode from CUDA graphs (CUDA and the Triton backend only, else
+        eager with a warning; it also pads shapes to buckets). `max_batch_size`: the plan's
+        initial rows (it grows)."""
         self.device = next(hf_model.parameters()).device
         state = hf_model.state_dict()
         self.model = DecoderModel(hf_model.config, state, dtype, self.device, linear)
@@ -40,11 +57,29 @@ class ModelRunner:
         self.kv = PagedKVCache(
             attn,
             num_layers=shape.num_layers,
-            num_pages=num_pages,
+            num_pages=num_pages + 1,  # the last one is the padding rows' scratch page
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
             dtype=dtype,
             device=self.device,
+        )
+        self.graphs = None
+        if cuda_graphs and (self.device.type != "cuda" or self.kv.dense_copy is not None):
+            # A GPU config run on a CPU (tests, smoke runs) decodes eagerly, unpadded.
+            warnings.warn(
+                "cuda_graphs needs CUDA and the Triton backend: decoding eagerly", stacklevel=2
+            )
+            cuda_graphs = False
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(self._forward)
+        self.plan = DecodePlan(
+            page_size=attn.page_size,
+            num_sink=attn.num_sink,
+            num_recent=attn.num_recent,
+            scratch_page=num_pages,
+            device=self.device,
+            pad_shapes=cuda_graphs,
+            slots=max_batch_size,
         )
 
     @torch.inference_mode()
@@ -101,48 +136,77 @@ class ModelRunner:
         self, seqs: list[Sequence], budgets: list[int] | None, update_summaries: bool
     ) -> Tensor:
         """One step for every sequence (its last token is fed); logits (B, V) fp32.
-        `budgets`: pages per sparse layer for each sequence, or None for a dense step."""
-        ps = self.page_size
-        max_pages = max(len(s.page_table) for s in seqs)
-        # Padding entries are never read (masked by seq_lens) but must be valid page ids.
-        table = [s.page_table + [0] * (max_pages - len(s.page_table)) for s in seqs]
-        page_table = torch.tensor(table, dtype=torch.int32)  # (B, max_pages)
-        lengths = [s.num_tokens for s in seqs]
-        seq_lens = torch.tensor(lengths, dtype=torch.int64)  # (B,)
-        positions = seq_lens - 1  # (B,) the fed token's position
-        last_page = page_table.gather(1, (positions // ps)[:, None])[:, 0].long()  # (B,)
-        offset = positions % ps  # (B,)
-        meta = DecodeMetadata(
-            slot_mapping=self._to(last_page * ps + offset),
-            page_table=self._to(page_table),
-            seq_lens=self._to(seq_lens.int()),
-            last_page_ids=self._to(last_page),
-            last_page_fill=self._to(offset + 1),
-            budgets=None if budgets is None else self._to(torch.tensor(budgets, dtype=torch.int32)),
-            shared_pages=self.kv.reads_shared_pages and _rows_share_pages(seqs),
-        )
-        input_ids = torch.tensor([s.last_token_id for s in seqs], dtype=torch.int64)
-        gate = self._lora_gate(seqs, budgets)
-        self.kv.begin_decode([s.seq_id for s in seqs], lengths)
-        logits = self.model.decode(self._to(input_ids), self._to(positions), self.kv, meta, gate)
+        `budgets`: pages per sparse layer for each sequence, or None for a dense step. With CUDA
+        graphs the logits are the graph's output buffer: valid until the next step."""
+        step = self.plan.update(seqs, budgets)
+        lens = step.rows[5]  # (B,) device copy of the lengths, for CPU-only plan parts
+        num_rows, batch = step.num_rows, step.page_table.shape[0]
+        if self.kv.dense_copy is not None:
+            pad = batch - num_rows
+            ids = [s.seq_id for s in seqs] + [-1] * pad
+            self.kv.begin_decode(ids, [s.num_tokens for s in seqs] + [1] * pad)
+        gate = self._lora_gate(seqs, budgets, batch)
+        if self.graphs is not None and gate is None:
+            logits = self.graphs(step)
+        else:
+            distinct = None
+            if step.sparse and self.kv.dedupes_scoring:
+                distinct = _shared_split(step.page_table, lens, self.page_size)
+            shared = self.kv.reads_shared_pages and _rows_share_pages(seqs)
+            logits = self._forward(step, gate, shared, distinct)
         if update_summaries:
-            self.kv.update_summaries(meta.last_page_ids, meta.last_page_fill)
-        return logits
+            self.kv.update_summaries(step.rows[3], step.rows[4])
+        return logits[:num_rows]
 
-    def _lora_gate(self, seqs: list[Sequence], budgets: list[int] | None) -> Tensor | None:
-        """(B,) 1 where the step is sparse (budget < ceil(context / PAGE), the input token
-        included), else 0; None when no LoRA is set or no row is sparse. Built from host lists,
-        so it costs no device sync."""
+    def _forward(
+        self,
+        step: DecodeStep,
+        gate: Tensor | None = None,
+        shared_pages: bool = False,
+        distinct: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """The decode forward of a planned step -> logits (B, V) fp32: what a CUDA graph
+        captures. Reads no device value back to the host."""
+        input_ids, positions, slot_mapping, last_page, last_fill, lens, budgets = step.rows
+        meta = DecodeMetadata(
+            slot_mapping=slot_mapping,
+            page_table=step.page_table,
+            seq_lens=lens.to(torch.int32),
+            last_page_ids=last_page,
+            last_page_fill=last_fill,
+            budgets=budgets.to(torch.int32) if step.sparse else None,
+            max_selected=step.max_selected,
+            max_top=step.max_top,
+            shared_pages=shared_pages,
+            distinct=distinct,
+        )
+        self.kv.prepare_decode(meta)
+        return self.model.decode(input_ids, positions, self.kv, meta, gate)
+
+    def _lora_gate(
+        self, seqs: list[Sequence], budgets: list[int] | None, batch: int
+    ) -> Tensor | None:
+        """(batch,) 1 where the step is sparse (budget < ceil(context / PAGE), the input token
+        included), else 0 (padding rows too); None when no LoRA is set or no row is sparse.
+        Built from host lists, so it costs no device sync."""
         if self.model.lora is None or budgets is None:
             return None
         ps = self.page_size
         sparse = [b < -(-s.num_tokens // ps) for s, b in zip(seqs, budgets, strict=True)]
         if not any(sparse):
             return None
+        sparse += [False] * (batch - len(seqs))
         return self._to(torch.tensor(sparse, dtype=self.model.dtype))
 
     def _to(self, t: Tensor) -> Tensor:
         return t.to(self.device, non_blocking=True)
+
+
+def _shared_split(page_table: Tensor, lens: Tensor, page_size: int) -> tuple[Tensor, Tensor] | None:
+    """The distinct-page split of a CPU step's page table when the rows share enough pages (the
+    distinct ids are at most half the entries), else None; see selection.distinct_pages."""
+    distinct, column = distinct_pages(page_table, lens, page_size)
+    return (distinct, column) if 2 * distinct.numel() <= page_table.numel() else None
 
 
 def _rows_share_pages(seqs: list[Sequence]) -> bool:

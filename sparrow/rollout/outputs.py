@@ -100,8 +100,12 @@ class TokenRecords:
     ) -> None:
         if max(positions) >= self.capacity:
             self._grow(min(self.max_tokens, 2 * self.capacity))
-        rows = torch.tensor(seq_ids, device=self.device)  # (B,)
-        cols = torch.tensor(positions, device=self.device)  # (B,)
+        # One host-to-device copy for both index vectors, pinned and non-blocking on CUDA: the
+        # step's only device-to-host transfer stays the sampled tokens the engine reads back.
+        index = torch.tensor([seq_ids, positions], dtype=torch.int64)  # (2, B)
+        if self.device.type == "cuda":
+            index = index.pin_memory()
+        rows, cols = index.to(self.device, non_blocking=True)  # (B,) each
         self.logprobs[rows, cols] = sampled.logprobs
         self.sampling_logprobs[rows, cols] = sampled.sampling_logprobs
         self.topk_ids[rows, cols] = sampled.topk_ids.to(torch.int32)

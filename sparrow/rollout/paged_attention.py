@@ -62,19 +62,25 @@ class PrefillMetadata:
 
 @dataclass
 class DecodeMetadata:
-    """Built once per decode step by the model runner; read by every layer."""
+    """Built once per decode step (decode_plan.py, then `PagedKVCache.prepare_decode`); read by
+    every layer. Nothing here is read back to the host during the forward."""
 
     slot_mapping: Tensor  # (B,) int64, cache slot of each sequence's input token
-    page_table: Tensor  # (B, max_pages) int32, physical page of each logical page
+    page_table: Tensor  # (B, P) int32, physical page of each logical page (P >= every row's)
     seq_lens: Tensor  # (B,) int32, cached tokens including the input token
     last_page_ids: Tensor  # (B,) int64, page the input token lands in
     last_page_fill: Tensor  # (B,) int64, valid tokens in that page after the write
     budgets: Tensor | None  # (B,) int32 pages per sparse layer; None: every layer dense
+    max_selected: int = 0  # sparse steps: upper bound on any row's kept pages (host-known)
+    max_top: int = 0  # sparse steps: upper bound on any row's pages chosen by score
     # Whether the rows reference each of their physical pages twice or more on average, as samples
     # of one prompt do (set by the runner from host lists when `reads_shared_pages`).
     shared_pages: bool = False
+    # CPU torch scoring of samples that share pages: (distinct (U,), column (B, P)), computed by
+    # the runner before the forward (data-dependent shapes), see selection.distinct_pages
+    distinct: tuple[Tensor, Tensor] | None = None
     dense_plan: GatherPlan | None = None  # torch backend: built by the step's first dense layer
-    selection: SelectionPlan | None = None  # built by the step's first sparse layer
+    selection: SelectionPlan | None = None  # sparse steps: built by `prepare_decode`
 
 
 class PagedKVCache:
@@ -107,6 +113,9 @@ class PagedKVCache:
             score=cfg.score, dtype=summary_dtype,
         )  # fmt: skip
         self._sparse_layers = [i for i in range(num_layers) if i not in cfg.dense_layers]
+        # Sparse layer ids in chunks that bound the summary refresh's temporary copy (~4K pages),
+        # as device tensors made once: no host-to-device copy per step.
+        self._layer_chunks: dict[int, list[Tensor]] = {}
         # The selection rule's sizes, as both the step's plan and each layer's choice take them.
         self._rule = dict(page_size=cfg.page_size, num_sink=cfg.num_sink, num_recent=cfg.num_recent)
         # Decode's gathered K and V (torch backend), reused by every layer and step.
@@ -134,10 +143,33 @@ class PagedKVCache:
         computes it only then."""
         return self._fused_sparse
 
+    @property
+    def dedupes_scoring(self) -> bool:
+        """Whether sparse steps score shared pages once (CPU torch scoring): the runner then
+        passes `DecodeMetadata.distinct` when the rows share enough pages."""
+        return not self._fused_sparse and not uses_triton(self.cfg.backend, self.k)
+
     def begin_decode(self, seq_ids: list[int], seq_lens: list[int]) -> None:
         """Before each decode step: the rows' sequence ids and cached tokens (input included)."""
         if self.dense_copy is not None:
             self.dense_copy.begin_step(seq_ids, seq_lens)
+
+    def prepare_decode(self, meta: DecodeMetadata) -> None:
+        """The part of the step's plan that the forward itself builds from `meta`'s tensors (and
+        a captured graph replays): the sparse layers' selection plan. Fixed shapes, no sync."""
+        if self._fused_sparse:  # the C++ kernel takes a contiguous table: copy it once
+            meta.page_table = meta.page_table.contiguous()
+        if meta.budgets is None or not self._sparse_layers or self._fused_sparse:
+            return
+        meta.selection = selection_plan(
+            meta.page_table,
+            meta.seq_lens,
+            meta.budgets,
+            **self._rule,
+            max_selected=meta.max_selected,
+            max_top=meta.max_top,
+            shared=meta.distinct,
+        )
 
     def write_prefill(self, layer: int, k: Tensor, v: Tensor, meta: PrefillMetadata) -> None:
         """k, v (N, H_kv, D) of the flattened prefill batch; shared prompt rows are written once."""
@@ -151,15 +183,21 @@ class PagedKVCache:
         if not self._sparse_layers or page_ids.numel() == 0:
             return
         k_flat = self.k.view(-1, *self.k.shape[2:])  # (L * num_pages, PAGE, H_kv, D)
-        # Bound the temporary copy of the pages read (~4K pages at once).
-        per_call = max(1, 4096 // page_ids.numel())
-        for start in range(0, len(self._sparse_layers), per_call):
-            layers = torch.tensor(
-                self._sparse_layers[start : start + per_call], device=page_ids.device
-            )
+        for layers in self._chunks(page_ids.numel(), page_ids.device):
             rows = (layers[:, None] * self.num_pages + page_ids[None, :]).reshape(-1)
             fills = fill_counts.repeat(len(layers))
             update_page_summaries(k_flat, self._summary, rows, fills)
+
+    def _chunks(self, num_pages: int, device: torch.device) -> list[Tensor]:
+        """The sparse layers split so that a chunk refreshes at most ~4K pages at once."""
+        per_call = max(1, 4096 // num_pages)
+        if per_call not in self._layer_chunks:
+            ids = self._sparse_layers
+            self._layer_chunks[per_call] = [
+                torch.tensor(ids[i : i + per_call], device=device)
+                for i in range(0, len(ids), per_call)
+            ]
+        return self._layer_chunks[per_call]
 
     def decode_attention(
         self, layer: int, q: Tensor, k: Tensor, v: Tensor, meta: DecodeMetadata
@@ -183,10 +221,6 @@ class PagedKVCache:
             )  # fmt: skip
         selected = None
         if sparse:
-            if meta.selection is None:  # the same for every sparse layer of the step
-                meta.selection = selection_plan(
-                    meta.page_table, meta.seq_lens, meta.budgets, **self._rule, trim=True
-                )
             selected = select_pages(
                 q,
                 summary,
@@ -205,7 +239,12 @@ class PagedKVCache:
             def dense_plan() -> GatherPlan:  # the same rows and mask for every dense layer
                 if meta.dense_plan is None:
                     meta.dense_plan = gather_plan(
-                        meta.page_table, meta.seq_lens, None, self.cfg.page_size, k_cache.shape[2]
+                        meta.page_table,
+                        meta.seq_lens,
+                        None,
+                        self.cfg.page_size,
+                        k_cache.shape[2],
+                        num_slots=meta.page_table.shape[1],  # no sync for the longest row
                     )
                 return meta.dense_plan
 

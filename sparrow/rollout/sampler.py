@@ -44,7 +44,7 @@ class Sampler:
         topk = logprobs_full.topk(self.topk_logprobs, dim=-1)  # (B, K)
         if greedy:
             token_ids = logits.argmax(dim=-1)  # (B,)
-            sampling_logprobs = torch.zeros(token_ids.shape, dtype=torch.float32)
+            sampling_logprobs = torch.zeros(token_ids.shape, device=logits.device)  # fp32
         else:
             truncated = truncate(scaled, top_p, top_k)  # (B, V), -inf outside the kept set
             logprobs_trunc = logprobs_full if truncated is scaled else truncated.log_softmax(-1)
@@ -53,7 +53,7 @@ class Sampler:
         return SamplerOutput(
             token_ids=token_ids,
             logprobs=logprobs_full.gather(1, token_ids[:, None])[:, 0],
-            sampling_logprobs=sampling_logprobs.to(logits.device),
+            sampling_logprobs=sampling_logprobs,
             topk_ids=topk.indices,
             topk_logprobs=topk.values,
         )

@@ -113,3 +113,32 @@ def test_samples_sharing_a_prompt_score_as_if_alone(paged_batch, score):
         )
         pages = -(-int(batch.seq_lens[b]) // 16)
         torch.testing.assert_close(shared[b, :, :pages], alone[0, :, :pages], rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("score", ["centroid", "quest"])
+def test_host_bounded_plan_selects_the_same_pages_without_a_sync(paged_batch, score):
+    """Bounds known on the host (rounded up, as an engine's buckets are) give the same pages as
+    the plan that reads them from the device, with fixed shapes and no host sync; the physical
+    ids are the page table's entries for the chosen logical pages."""
+    from sparrow.bench.dispatch_counter import DispatchCounter
+    from sparrow.kernels.selection import selection_plan
+
+    batch = paged_batch(LENS, num_kv_heads=2, group=3, head_dim=64, seed=5)
+    budgets = torch.tensor(BUDGETS, dtype=torch.int32)
+    rule = dict(page_size=16, num_sink=1, num_recent=2)
+    ref = select_pages(
+        batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets, score=score
+    )
+    with DispatchCounter(strict=True):  # raises on any host sync
+        plan = selection_plan(
+            batch.page_table, batch.seq_lens, budgets, **rule, max_selected=8, max_top=4
+        )
+        got = select_pages(
+            batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets, score=score,
+            validate=False, plan=plan, **rule,
+        )  # fmt: skip
+    assert got.logical_pages.shape == (5, 2, 8)  # padded to the bound, not the batch's 5
+    assert rows_of(got) == rows_of(ref)
+    live = (torch.arange(8) < got.num_selected[:, None, None]).expand(5, 2, 8)  # (B, H_kv, S)
+    expected = batch.page_table.long().gather(1, got.logical_pages.flatten(1).long())
+    assert torch.equal(got.physical_pages[live], expected.view(5, 2, 8)[live].int())

@@ -1,0 +1,320 @@
+"""`sparrow-bench decode`: what one engine decode step launches, where it syncs, and what its
+page-table update costs, for a random model with Qwen3-1.7B's attention shapes.
+
+    sparrow-bench decode --json runs/bench_decode.json                 # torch + Triton (CPU)
+    sparrow-bench decode --backends torch --dtypes bfloat16            # one configuration
+
+The model has the 1.7B preset's 28 layers, 16 query / 8 KV heads and head dim 128 (layers 0 and
+1 dense), with a small hidden size and vocabulary (`--hidden`, `--vocab`): the ops per layer do
+not depend on them, and CPU time does. Counted with `DispatchCounter` (dispatch_counter.py) over
+one steady-state decode step of the model runner (plan + forward + summary refresh): aten ops
+that launch a kernel (views and metadata ops excluded) plus Triton kernel launches, grouped by
+layer; host syncs (`.item()`/`.tolist()` and data-dependent shapes), inside the forward's layers
+and for the whole step. On CPU the Triton kernels run in the interpreter (tiny shapes).
+
+Page table: the per-step cost at `--pt-seqs` sequences x `--pt-pages` pages of the decode plan's
+incremental update (decode_plan.py; every step one token more per sequence, a new page for one
+sequence in 16) against rebuilding the padded table from Python lists as the runner did before,
+timed in the same process. CPU wall time: the machine is shared, ratios are what to read.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # before anything imports triton: the interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import transformers  # noqa: E402
+
+from sparrow.bench.dispatch_counter import DispatchCounter, count_triton_launches  # noqa: E402
+from sparrow.rollout.block_manager import BlockManager  # noqa: E402
+from sparrow.rollout.linear import Linear  # noqa: E402
+from sparrow.rollout.model_runner import ModelRunner  # noqa: E402
+from sparrow.rollout.paged_attention import SparseAttentionConfig  # noqa: E402
+from sparrow.rollout.sequence import Sequence  # noqa: E402
+
+
+def qwen3_1p7b_shaped(hidden: int = 64, vocab: int = 256, layers: int = 28):
+    """Qwen3-1.7B's attention shapes (16 q / 8 KV heads, head dim 128, 28 layers) around a small
+    hidden size and vocabulary."""
+    return transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+    )
+
+
+class RandomWeights:
+    """What ModelRunner reads from an HF model (config, state_dict, parameters), with random
+    HF-named weights: building the HF module of a 28-layer model costs ~30 s of init on 2 cores."""
+
+    def __init__(self, config, seed: int = 0, device: str = "cpu"):
+        self.config = config
+        gen = torch.Generator().manual_seed(seed)
+        h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
+        q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+
+        def w(*shape, scale=0.02):
+            return torch.randn(shape, generator=gen) * scale
+
+        self._state = {
+            "model.embed_tokens.weight": w(config.vocab_size, h),
+            "model.norm.weight": 1 + w(h),
+        }
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self._state.update({
+                p + "input_layernorm.weight": 1 + w(h),
+                p + "post_attention_layernorm.weight": 1 + w(h),
+                p + "self_attn.q_proj.weight": w(q, h, scale=h**-0.5),
+                p + "self_attn.k_proj.weight": w(kv, h, scale=h**-0.5),
+                p + "self_attn.v_proj.weight": w(kv, h, scale=h**-0.5),
+                p + "self_attn.o_proj.weight": w(h, q),
+                p + "self_attn.q_norm.weight": 1 + w(d),
+                p + "self_attn.k_norm.weight": 1 + w(d),
+                p + "mlp.gate_proj.weight": w(inter, h),
+                p + "mlp.up_proj.weight": w(inter, h),
+                p + "mlp.down_proj.weight": w(h, inter),
+            })  # fmt: skip
+
+        self._state = {k: v.to(device) for k, v in self._state.items()}
+
+    def state_dict(self) -> dict:
+        return self._state
+
+    def parameters(self):
+        return iter(self._state.values())
+
+
+def prefilled_runner(
+    config,
+    dtype: torch.dtype,
+    backend: str,
+    prompt_lens: list[int],
+    *,
+    page_size: int = 16,
+    seed: int = 0,
+    weights: RandomWeights | None = None,
+    cuda_graphs: bool = False,
+) -> tuple[ModelRunner, list[Sequence], BlockManager]:
+    """A runner over a random model (`weights`, else new ones for `config`) with one sequence per
+    prompt length, prefilled (summaries kept current) and ready for its first decode step."""
+    model = weights or RandomWeights(config, seed)
+    num_pages = sum(-(-(n + 64) // page_size) for n in prompt_lens)
+    attn = SparseAttentionConfig(page_size=page_size, backend=backend)
+    linear = Linear("torch", batch_hint=1)
+    graphs = {"cuda_graphs": True} if cuda_graphs else {}  # (runs against older runners too)
+    runner = ModelRunner(model, attn, num_pages, dtype, linear, **graphs)
+    bm = BlockManager(num_pages, page_size)
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for i, n in enumerate(prompt_lens):
+        seq = Sequence(i, i, torch.randint(3, config.vocab_size, (n,), generator=gen).tolist(), 64)
+        bm.allocate_prefill([seq])
+        seqs.append(seq)
+    advance(seqs, bm, runner.prefill([[s] for s in seqs], update_summaries=True))
+    return runner, seqs, bm
+
+
+def advance(seqs: list[Sequence], bm: BlockManager, logits: torch.Tensor) -> None:
+    """Append each sequence's greedy token and give it a page when it needs one."""
+    for seq, token in zip(seqs, logits.argmax(-1).tolist(), strict=True):
+        seq.completion_ids.append(token)
+        if bm.needs_page(seq):
+            bm.append_page(seq)
+
+
+class _LayerMarks(list):
+    """The model's layer list, labelling the counter's group with the layer being run."""
+
+    def __init__(self, layers, counter: DispatchCounter):
+        super().__init__(layers)
+        self.counter = counter
+
+    def __iter__(self):
+        for i, layer in enumerate(list.__iter__(self)):
+            self.counter.group = f"layer{i}"
+            yield layer
+        self.counter.group = "head"
+
+
+def count_step(runner: ModelRunner, seqs, budgets) -> dict:
+    """Launches per layer (aten + Triton) and host syncs of one `runner.decode` call."""
+    counter = DispatchCounter()
+    layers = runner.model.layers
+    runner.model.layers = _LayerMarks(layers, counter)
+    try:
+        counter.group = "plan"
+        with count_triton_launches(_kernel_modules(), counter), counter:
+            logits = runner.decode(seqs, budgets, update_summaries=True)
+    finally:
+        runner.model.layers = layers
+    launches = counter.by_group
+    num_layers = len(layers)
+    dense = set(runner.kv.cfg.dense_layers) if budgets is not None else set(range(num_layers))
+    per_layer = [launches[f"layer{i}"] for i in range(num_layers)]
+    sparse_counts = [c for i, c in enumerate(per_layer) if i not in dense]
+    dense_counts = [c for i, c in enumerate(per_layer) if i in dense]
+    first_sparse = min(set(range(num_layers)) - dense, default=None)
+    return {
+        "logits": logits,
+        "per_layer_sparse": sum(sparse_counts) / len(sparse_counts) if sparse_counts else None,
+        "per_layer_dense": sum(dense_counts) / len(dense_counts) if dense_counts else None,
+        "launches_total": sum(launches.values()),
+        "launches_outside_layers": launches["plan"] + launches["head"],
+        "syncs_in_layers": sum(n for g, n in counter.syncs_by_group.items() if g != "plan"),
+        "syncs_total": counter.num_syncs,
+        "sync_ops": dict(counter.syncs),
+        "triton_launches": sum(counter.triton_launches.values()),
+        # the last sparse layer: the first one also builds per-step state in older code
+        "ops_of_a_sparse_layer": dict(counter.ops_by_group.get(f"layer{num_layers - 1}", {}))
+        if first_sparse is not None
+        else {},
+    }
+
+
+def _kernel_modules() -> list:
+    """The loaded sparrow.kernels modules: their Triton kernels are counted."""
+    import sys
+
+    return [m for n, m in list(sys.modules.items()) if n.startswith("sparrow.kernels.") and m]
+
+
+def page_table_costs(num_seqs: int, num_pages: int, steps: int = 32, page_size: int = 16) -> dict:
+    """ms per step: the plan's incremental update vs the old rebuild from lists, same process."""
+    from sparrow.rollout.decode_plan import DecodePlan
+
+    pool = num_seqs * (num_pages + steps)
+    gen = torch.Generator().manual_seed(0)
+    order = torch.randperm(pool, generator=gen).tolist()
+    seqs = []
+    for i in range(num_seqs):
+        pages = order[i * num_pages : (i + 1) * num_pages]
+        # Staggered lengths: each step one sequence in 16 starts a new page.
+        tokens = (num_pages - 1) * page_size + 1 + (i % page_size)
+        seq = Sequence(i, i, [5] * tokens, steps + 1)
+        seq.page_table = list(pages)
+        seqs.append(seq)
+    spare = iter(order[num_seqs * num_pages :])
+    plan = DecodePlan(
+        page_size=page_size, num_sink=1, num_recent=2, scratch_page=pool,
+        device=torch.device("cpu"), slots=num_seqs,
+    )  # fmt: skip
+    plan.update(seqs, None)  # the first step writes every row once
+    update_s = rebuild_s = 0.0
+    entries = 0
+    for _ in range(steps):
+        for seq in seqs:
+            seq.completion_ids.append(7)
+            if len(seq.page_table) < -(-seq.num_tokens // page_size):
+                seq.page_table.append(next(spare))
+        start = time.perf_counter()
+        step = plan.update(seqs, None)
+        update_s += time.perf_counter() - start
+        entries += plan.last_update_entries
+        start = time.perf_counter()
+        old = _rebuild_page_table(seqs, page_size)
+        rebuild_s += time.perf_counter() - start
+        used = torch.arange(old.shape[1]) < torch.tensor([len(s.page_table) for s in seqs])[:, None]
+        got = step.page_table[:, : old.shape[1]]
+        assert torch.equal(got[used], old[used]), "the plan's page table differs from the rebuild"
+    return {
+        "page_table_update_ms": 1e3 * update_s / steps,
+        "page_table_rebuild_ms": 1e3 * rebuild_s / steps,
+        "page_table_entries_written_per_step": entries / steps,
+    }
+
+
+def _rebuild_page_table(seqs: list[Sequence], page_size: int) -> torch.Tensor:
+    """The runner's per-step metadata before the plan (commit 743a922), for comparison."""
+    max_pages = max(len(s.page_table) for s in seqs)
+    table = [s.page_table + [0] * (max_pages - len(s.page_table)) for s in seqs]
+    page_table = torch.tensor(table, dtype=torch.int32)  # (B, max_pages)
+    seq_lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int64)  # (B,)
+    positions = seq_lens - 1
+    page_table.gather(1, (positions // page_size)[:, None])
+    return page_table
+
+
+def run_config(args, dtype_name: str, backend: str) -> dict:
+    dtype = getattr(torch, dtype_name)
+    # The Triton interpreter takes ~2 s per layer and step at these head shapes: fewer layers.
+    layers = args.triton_layers if backend == "triton" else 28
+    config = qwen3_1p7b_shaped(args.hidden, args.vocab, layers)
+    lens = args.triton_lens if backend == "triton" else args.lens
+    runner, seqs, bm = prefilled_runner(config, dtype, backend, lens)
+    budgets = [args.budget] * len(seqs)
+    # A warm step (the dense layers' copies), then one counted step each.
+    advance(seqs, bm, runner.decode(seqs, budgets, update_summaries=True))
+    sparse = count_step(runner, seqs, budgets)
+    advance(seqs, bm, sparse.pop("logits"))
+    advance(seqs, bm, runner.decode(seqs, None, update_summaries=True))  # warm the dense path
+    dense = count_step(runner, seqs, None)
+    dense.pop("logits")
+    return {"sparse_step": sparse, "dense_step": dense}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    report = {"config": vars(args), "runs": {}}
+    for backend in args.backends:
+        for dtype in args.dtypes:
+            key = f"{backend}/{dtype}"
+            report["runs"][key] = result = run_config(args, dtype, backend)
+            s, d = result["sparse_step"], result["dense_step"]
+            print(
+                f"{key:>16}: launches/layer sparse {s['per_layer_sparse']:.1f} dense "
+                f"{d['per_layer_dense']:.1f} | step launches {s['launches_total']} | syncs in "
+                f"layers {s['syncs_in_layers']} (step {s['syncs_total']}: {s['sync_ops']})"
+            )
+    if args.pt_seqs > 0:
+        report.update(page_table_costs(args.pt_seqs, args.pt_pages))
+    main_run = report["runs"][f"{args.backends[-1]}/{args.dtypes[-1]}"]
+    report["launches_per_layer_sparse"] = main_run["sparse_step"]["per_layer_sparse"]
+    report["launches_per_layer_dense"] = main_run["dense_step"]["per_layer_dense"]
+    report["host_syncs_per_step"] = max(
+        r[k]["syncs_in_layers"] for r in report["runs"].values() for k in r
+    )
+    report["host_syncs_per_step_whole_call"] = max(
+        r[k]["syncs_total"] for r in report["runs"].values() for k in r
+    )
+    if args.pt_seqs > 0:
+        print(
+            f"page table at {args.pt_seqs} x {args.pt_pages}: update "
+            f"{report['page_table_update_ms']:.3f} ms/step vs rebuild "
+            f"{report['page_table_rebuild_ms']:.3f} ms/step"
+        )
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="sparrow-bench decode", description=__doc__.split("\n")[0])
+    p.add_argument("--backends", nargs="+", default=["torch", "triton"])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--hidden", type=int, default=64, help="hidden size (attention shapes fixed)")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--lens", type=int, nargs="+", default=[150, 90, 40, 33])
+    p.add_argument("--triton-lens", type=int, nargs="+", default=[70])
+    p.add_argument("--triton-layers", type=int, default=3, help="layers of the Triton runs")
+    p.add_argument("--budget", type=int, default=4, help="pages per sparse layer")
+    p.add_argument("--pt-seqs", type=int, default=256, help="page-table timing: sequences, 0: skip")
+    p.add_argument("--pt-pages", type=int, default=2048, help="page-table timing: pages each")
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
