@@ -3,6 +3,8 @@
 #
 #   bash scripts/gpu_check.sh kernels   # gpu-marked tests, kernel benchmark (+ AOT report)
 #   bash scripts/gpu_check.sh step      # GRPO step bench, sparse vs dense, random Qwen3-1.7B
+#   bash scripts/gpu_check.sh distill   # the same bench with distill=default: one DistillSparse
+#                                       # update (its time and the step's peak GPU memory)
 #
 # On a stock PyTorch image (torch + triton + transformers, no network) the packages it lacks come
 # from the folder scripts/gpu_wheels.sh filled (WHEELS, default ./wheels): installed with
@@ -17,12 +19,14 @@
 # ~0.5-1 min, a 640-token warm-up step and one step of 2 prompts x 8 x STEP_NEW_TOKENS (8192:
 # about half the 160-250 s sparse / 120-170 s dense measured-by-estimate for 16K) = 5-7 min; a
 # second size (STEP_SECOND_TOKENS, 4096) only if STAGE_BUDGET_S (450) leaves room for it.
+# distill: the step stage's first run with DistillSparse on (STEP_DISTILL_TOKENS, 8192): the
+# step plus the adapter's sparse forward/backward over the rollout, ~1.5x the sparse step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE="${1:-}"
 case "$STAGE" in
-    kernels|step) ;;
-    *) echo "usage: bash scripts/gpu_check.sh {kernels|step}" >&2; exit 2 ;;
+    kernels|step|distill) ;;
+    *) echo "usage: bash scripts/gpu_check.sh {kernels|step|distill}" >&2; exit 2 ;;
 esac
 RESULTS="${OUT:-./gpu_results}"
 mkdir -p "$RESULTS"
@@ -113,6 +117,13 @@ else
             rollout.engine.num_pages="$pages" rl.prompts_per_step="$PROMPTS" \
             rl.group_size="$GROUP" "$@"
     }
+    if [ "$STAGE" = distill ]; then
+        # The largest length we expect to fit next to the KV pool; lower it if the run OOMs.
+        run_step distill_bench "${STEP_DISTILL_TOKENS:-8192}" $(( BUDGET - SECONDS - 10 )) \
+            distill=default
+        echo "gpu_check $STAGE: exit status $status (results in $RESULTS)"
+        exit $status
+    fi
     run_step step_bench "${STEP_NEW_TOKENS:-8192}" $(( BUDGET - SECONDS - 10 ))
     SECOND="${STEP_SECOND_TOKENS:-4096}"
     LEFT=$(( BUDGET - SECONDS - 10 ))

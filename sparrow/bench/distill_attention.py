@@ -36,9 +36,9 @@ def _build(seq_len: int, budget_tokens: int, seed: int = 0):
     """(DistillSparse, RolloutBatch, dense log-probs, advantages) for one row of seq_len tokens."""
     import transformers
 
-    from sparrow.batch import RolloutBatch
     from sparrow.distill import DistillConfig, DistillSparse
     from sparrow.models.loading import tiny_model_config
+    from sparrow.rl.batch import RolloutBatch
     from sparrow.rollout.paged_attention import SparseAttentionConfig
 
     torch.manual_seed(seed)

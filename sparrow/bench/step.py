@@ -31,6 +31,7 @@ import gc
 import json
 import math
 import pstats
+import resource
 import tempfile
 import time
 from dataclasses import replace
@@ -107,6 +108,8 @@ def run_step(cfg, args, label: str) -> dict:
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     metrics = trainer.train_step()
     if profiler is not None:
         profiler.disable()
@@ -119,6 +122,13 @@ def run_step(cfg, args, label: str) -> dict:
         "exact_monitor": cfg.monitor.exact,
         "build_s": build_s,
         "device": str(trainer.engine.runner.device),
+        "distill": trainer.distill is not None,
+        # The measured step's peak of allocated GPU memory (engine KV pool, actor, activations);
+        # on a CPU the process's peak RSS so far (the build included).
+        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30
+        if torch.cuda.is_available()
+        else None,
+        "process_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
     print(
         f"   step {summary['step_s']:.1f} s, rollout {summary['rollout_s']:.1f} s, "

@@ -184,8 +184,8 @@ class GRPOTrainer:
     def train_step(self) -> dict:
         """One GRPO step on this rank's share of the step's prompts; returns its metrics."""
         timer = PhaseTimer()
-        prompts = next(self.prompts)[self.rank :: self.world]
         with timer("rollout"):
+            prompts = next(self.prompts)[self.rank :: self.world]
             rollout = self._rollout(prompts)
             scores = self._rewards(prompts, rollout.outputs)
         with timer("monitor"):
@@ -210,12 +210,13 @@ class GRPOTrainer:
             )
         with timer("sync"):
             self._sync_engine(weights)
+        times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
         metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks.mean)
         metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
         metrics |= _update_metrics(update | distill) | scores.stats.as_metrics()
-        return metrics | timer.metrics()
+        return metrics | times
 
     # ---- the phases -------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ def report(tmp_path_factory):
         "schedule.budgets_pages=[3]",  # sink + recent pages only: sparse past 48 tokens
         "schedule.mode=fixed",  # must not leak into the dense run (it once made it sparse)
         "rollout.max_new_tokens=40",
+        "distill=default",  # the GPU check's distill stage: the adapter's update in the sparse run
     ]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARROW_CACHE", str(tmp_path / "cache"))
@@ -55,6 +56,16 @@ def test_step_bench_runs_sparse_and_dense(report):
     assert dense["kv_read_ratio"] == 1.0 and sparse["kv_read_ratio"] < 1.0
     assert sparse["predicted_speedup"] is not None and dense["predicted_speedup"] is None
     assert 0.0 < sparse["accept_p5_min"] <= 1.0
+
+
+def test_step_bench_times_the_distill_update_and_reports_memory(report):
+    sparse, dense = report["sparse"], report["dense"]
+    # DistillSparse trains the sparse policy's adapter; a dense run has no sparse policy.
+    assert sparse["distill"] and not dense["distill"]
+    assert sparse["distill_s"] > 0
+    for run in (sparse, dense):
+        assert run["peak_gpu_gib"] is None  # CPU: no CUDA allocator to read
+        assert run["process_peak_rss_gib"] > 0.1
 
 
 def test_speedups_are_ratios_of_measured_phases(report):

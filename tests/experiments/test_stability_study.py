@@ -97,7 +97,9 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_study):
     assert "resumed from" in (root / "tau086" / "console.log").read_text()
     assert (root / "tau086" / "checkpoints" / "step_000002" / "COMPLETE").is_file()
     steps = [r["step"] for r in _rows(root / "tau086")]
-    assert steps.count(2) == 2 and steps.count(1) == 1  # only step 2 was trained again
+    # Step 2 was trained again after the interruption; the resumed run cut metrics.jsonl back to
+    # step 1 first, so each step appears once.
+    assert steps == [0, 1, 2]
 
 
 def test_report_plots_exist(tiny_study):

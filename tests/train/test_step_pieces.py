@@ -52,6 +52,18 @@ def test_phase_timer_adds_a_phase_entered_twice():
     assert metrics["time/step_s"] >= metrics["time/monitor_s"]
 
 
+def test_phase_timer_phases_tile_the_step():
+    timer = PhaseTimer()
+    with timer("rollout"):
+        time.sleep(0.01)
+    time.sleep(0.02)  # between phases: charged to the next one, not lost
+    with timer("update"):
+        pass
+    metrics = timer.metrics()
+    assert metrics["time/update_s"] >= 0.02
+    assert metrics["time/step_s"] == metrics["time/rollout_s"] + metrics["time/update_s"]
+
+
 def test_one_rank_reductions_are_the_identity():
     ranks = Ranks(0, 1)
     assert ranks.sum(torch.tensor(3)) == 3.0 and ranks.mean(6.0, 4) == 1.5
