@@ -14,7 +14,8 @@
 # own JSON. Exit status is non-zero if a part failed.
 #
 # Time per stage on one H200, estimated (no GPU was at hand to measure) from component timings:
-# kernels: tests 2-3 min + kernel bench 1-2 min + AOT < 1 min = 4-6 min.
+# kernels: kernel tests 2-3 min + engine graph tests and decode bench 1-2 min + kernel bench
+# 1-2 min + AOT < 1 min = 5-8 min (the graph tests capture one graph per batch bucket).
 # step: wheels install < 0.5 min; per run (sparse, then dense) a 1.7B random model and trainer
 # ~0.5-1 min, a 640-token warm-up step and one step of 2 prompts x 8 x STEP_NEW_TOKENS (8192:
 # about half the 160-250 s sparse / 120-170 s dense measured-by-estimate for 16K) = 5-7 min; a
