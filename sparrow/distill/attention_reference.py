@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import AttentionInterface
 
-from sparrow.distill.sparse_attention import SparseForwardMetadata
+from sparrow.distill.sparse_attention import SparseForwardMetadata, hf_attention
 from sparrow.kernels import PageSummary, select_from_scores, update_page_summaries
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
@@ -108,29 +108,7 @@ def masked_sparse_attention(
     return out.view(batch, num_q_heads, seq_len, head_dim)
 
 
-def masked_block_sparse_attention(
-    module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    sparrow_sparse: SparseForwardMetadata | None = None,
-    **kwargs,
-) -> tuple[Tensor, None]:
-    """transformers attention function of the reference: as `block_sparse_attention`, with the
-    sparse layers by mask. query (B, H_q, T, D), key/value (B, H_kv, T, D) -> (B, T, H_q, D)."""
-    if sparrow_sparse is None:
-        raise ValueError(f"{REFERENCE_ATTENTION_NAME!r} needs the sparrow_sparse= argument")
-    if module.layer_idx in sparrow_sparse.attn.dense_layers:
-        out = F.scaled_dot_product_attention(
-            query.float(), key.float(), value.float(), is_causal=True, scale=scaling,
-            enable_gqa=True,
-        )  # fmt: skip
-    else:
-        out = masked_sparse_attention(query, key, value, scaling, sparrow_sparse)
-    return out.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, H_q, D)
+masked_block_sparse_attention = hf_attention(REFERENCE_ATTENTION_NAME, masked_sparse_attention)
 
 
 def register_reference_attention() -> str:

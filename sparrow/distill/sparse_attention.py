@@ -17,6 +17,7 @@ function; the per-forward data travel as the `sparrow_sparse` keyword argument, 
 transformers passes down to every attention call.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,37 +66,51 @@ def query_budgets(
     return torch.where(positions > last, dense.clamp(max=padding_pages), budgets)
 
 
-def block_sparse_attention(
-    module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    sparrow_sparse: SparseForwardMetadata | None = None,
-    **kwargs,
-) -> tuple[Tensor, None]:
-    """transformers attention function: query (B, H_q, T, D), key/value (B, H_kv, T, D) ->
-    (B, T, H_q, D). Right-padded batches need no padding mask (real queries never see a later key).
-    """
-    if sparrow_sparse is None:
-        raise ValueError(f"the {ATTENTION_NAME!r} attention needs the sparrow_sparse= argument")
-    q, k, v = query.float(), key.float(), value.float()  # fp32 like the engine's decode
-    attn = sparrow_sparse.attn
-    if module.layer_idx in attn.dense_layers:
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=scaling, enable_gqa=True
-        )  # (B, H_q, T, D)
-    else:
-        _, num_q_heads, _, head_dim = q.shape
-        budgets = sparrow_sparse.query_budgets  # (B, T)
-        chunk = query_chunk(
-            budgets, attn.page_size, num_q_heads, k.shape[1], head_dim,
-            sparrow_sparse.max_chunk_elements,
-        )  # fmt: skip
-        out = page_gather_attention(q, k, v, budgets, attn, scaling, chunk)  # (B, H_q, T, D)
-    return out.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, H_q, D)
+def hf_attention(name: str, sparse_layer: Callable) -> Callable:
+    """A transformers attention function named `name`: dense layers run causal SDPA, sparse
+    layers `sparse_layer(query, key, value, scaling, meta) -> (B, H_q, T, D)`. query (B, H_q, T,
+    D), key/value (B, H_kv, T, D) -> (B, T, H_q, D), fp32 inside like the engine's decode.
+    Right-padded batches need no padding mask (real queries never see a later key)."""
+
+    def attention(
+        module,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        scaling: float,
+        dropout: float = 0.0,
+        sparrow_sparse: SparseForwardMetadata | None = None,
+        **kwargs,
+    ) -> tuple[Tensor, None]:
+        if sparrow_sparse is None:
+            raise ValueError(f"the {name!r} attention needs the sparrow_sparse= argument")
+        if module.layer_idx in sparrow_sparse.attn.dense_layers:
+            out = F.scaled_dot_product_attention(
+                query.float(), key.float(), value.float(), is_causal=True, scale=scaling,
+                enable_gqa=True,
+            )  # fmt: skip
+        else:
+            out = sparse_layer(query, key, value, scaling, sparrow_sparse)  # (B, H_q, T, D)
+        return out.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, H_q, D)
+
+    return attention
+
+
+def gathered_sparse_layer(
+    query: Tensor, key: Tensor, value: Tensor, scaling: float, meta: SparseForwardMetadata
+) -> Tensor:
+    """A sparse layer by page gathering, chunked over queries: (B, H_q, T, D)."""
+    q, k, v = query.float(), key.float(), value.float()
+    _, num_q_heads, _, head_dim = q.shape
+    budgets = meta.query_budgets  # (B, T)
+    chunk = query_chunk(
+        budgets, meta.attn.page_size, num_q_heads, k.shape[1], head_dim, meta.max_chunk_elements
+    )
+    return page_gather_attention(q, k, v, budgets, meta.attn, scaling, chunk)
+
+
+block_sparse_attention = hf_attention(ATTENTION_NAME, gathered_sparse_layer)
 
 
 def register_attention() -> str:
