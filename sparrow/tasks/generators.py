@@ -20,10 +20,11 @@ held-out set does not change when `num_examples` does.
 
 import operator
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 _OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _ANSWER_FORMAT = "Answer with just the number."
+_WORKED_FORMAT = "Add the tens, then the ones, then the two sums."
 
 
 @dataclass
@@ -36,6 +37,14 @@ class TaskConfig:
     max_digits: int = 2  # arithmetic: most digits per operand (drawn uniformly per operand)
     num_operands: int = 2  # arithmetic: operands per question
     operators: str = "+"  # arithmetic: operators drawn from, any of "+-*" (no precedence tricks)
+    # arithmetic: solved examples before every question, as earlier chat turns. The same ones for
+    # every prompt (a shared prefix, like a system prompt), drawn from a seed stream of their
+    # own and never asked as questions. They give sparse attention pages to skip.
+    few_shot: int = 0
+    # arithmetic few-shot answers: "worked" spells out the place-value steps before the sum
+    # ("40 + 20 = 60, 2 + 9 = 11, 60 + 11 = 71."), a short chain of thought the model imitates;
+    # "number" gives just the sum. worked needs two operands and "+".
+    shot_answers: str = "worked"
     context_words: int = 2600  # long_context: mean document length in words (~1.3 tokens each)
     context_jitter: float = 0.25  # long_context: lengths uniform in context_words * (1 +- jitter)
     num_needles: int = 1  # long_context: facts the question needs; >1 asks for their sum
@@ -48,10 +57,49 @@ def generate_tasks(cfg: TaskConfig, split: str = "train") -> list[dict]:
     if split not in ("train", "heldout"):
         raise ValueError(f"task split must be 'train' or 'heldout', got {split!r}")
     make = _arithmetic_example if cfg.kind == "arithmetic" else _long_context_example
-    heldout = _draw(make, cfg, "heldout", cfg.num_heldout, set())
+    shots = few_shot_examples(cfg)
+    exclude = {shot["prompt"] for shot in shots}
+    heldout = _draw(make, cfg, "heldout", cfg.num_heldout, exclude)
     if split == "heldout":
-        return heldout
-    return _draw(make, cfg, "train", cfg.num_examples, {example["prompt"] for example in heldout})
+        return _with_shots(heldout, shots, cfg)
+    exclude |= {example["prompt"] for example in heldout}
+    return _with_shots(_draw(make, cfg, "train", cfg.num_examples, exclude), shots, cfg)
+
+
+def few_shot_examples(cfg: TaskConfig) -> list[dict]:
+    """The `cfg.few_shot` solved examples every prompt starts with (none for 0)."""
+    if not cfg.few_shot:
+        return []
+    # Two-digit operands, so that every step of a worked answer shows something.
+    two_digit = replace(cfg, min_digits=2, max_digits=max(2, cfg.max_digits))
+    return _draw(_arithmetic_example, two_digit, "shots", cfg.few_shot, set())
+
+
+def _with_shots(examples: list[dict], shots: list[dict], cfg: TaskConfig) -> list[dict]:
+    """Each example's prompt as chat turns: the solved examples, then its own question."""
+    if not shots:
+        return examples
+
+    def ask(example: dict) -> dict:
+        question = example["prompt"]
+        if cfg.shot_answers == "worked":
+            question = question.replace(_ANSWER_FORMAT, _WORKED_FORMAT)
+        return {"role": "user", "content": question}
+
+    turns = []
+    for shot in shots:
+        turns.append(ask(shot))
+        turns.append({"role": "assistant", "content": _shot_answer(shot, cfg.shot_answers)})
+    return [{**e, "prompt": [*turns, ask(e)]} for e in examples]
+
+
+def _shot_answer(shot: dict, style: str) -> str:
+    if style == "number":
+        return shot["answer"]
+    a, b = shot["metadata"]["operands"]
+    tens, ones = (a // 10 + b // 10) * 10, a % 10 + b % 10
+    steps = f"{a // 10 * 10} + {b // 10 * 10} = {tens}, {a % 10} + {b % 10} = {ones}"
+    return f"{steps}, {tens} + {ones} = {a + b}."
 
 
 def _validate(cfg: TaskConfig) -> None:
@@ -69,6 +117,16 @@ def _validate(cfg: TaskConfig) -> None:
         )
     if cfg.context_words < 1 or not 0.0 <= cfg.context_jitter < 1.0:
         raise ValueError("tasks.context_words must be >= 1 and 0 <= tasks.context_jitter < 1")
+    if cfg.few_shot < 0 or (cfg.few_shot and cfg.kind != "arithmetic"):
+        raise ValueError(f"tasks.few_shot must be >= 0, and 0 unless kind=arithmetic: {cfg}")
+    if cfg.shot_answers not in ("worked", "number"):
+        raise ValueError(f"tasks.shot_answers must be worked or number: {cfg.shot_answers!r}")
+    if (
+        cfg.few_shot
+        and cfg.shot_answers == "worked"
+        and (cfg.num_operands != 2 or cfg.operators != "+")
+    ):
+        raise ValueError("tasks.shot_answers=worked spells out two-operand sums: set number")
     if cfg.num_needles < 1 or cfg.num_distractors < 0:
         raise ValueError("tasks.num_needles must be >= 1 and tasks.num_distractors >= 0")
     if cfg.num_needles + cfg.num_distractors > len(_COLORS) * len(_CONTAINERS):

@@ -104,3 +104,32 @@ def test_long_context_single_needle_asks_for_its_value():
     (needle,) = example["metadata"]["needles"]
     assert f"What is the secret number of the {needle['box']}?" in example["prompt"]
     assert example["answer"] == str(needle["value"])
+
+
+def test_few_shot_prompts_share_worked_examples_never_asked():
+    cfg = TaskConfig(num_examples=300, num_heldout=50, few_shot=3)
+    train, heldout = generate_tasks(cfg, "train"), generate_tasks(cfg, "heldout")
+    prefix = train[0]["prompt"][:-1]
+    assert len(prefix) == 6 and [t["role"] for t in prefix] == ["user", "assistant"] * 3
+    # One shared prefix (like a system prompt): every prompt of both splits starts with it.
+    assert all(e["prompt"][:-1] == prefix for e in train + heldout)
+    for question, answer in zip(prefix[::2], prefix[1::2], strict=True):
+        a, b = map(int, re.findall(r"\d+", question["content"]))
+        assert a >= 10 and b >= 10  # two-digit operands: every worked step shows something
+        assert answer["content"].endswith(f" = {a + b}.")  # the worked answer ends in the sum
+        assert str(a // 10 * 10 + b // 10 * 10) in answer["content"]
+    asked = [e["prompt"][-1]["content"] for e in train + heldout]
+    assert len(set(asked)) == 350  # distinct, disjoint splits
+    assert not {q["content"] for q in prefix[::2]} & set(asked)  # a shot is never a question
+    # The held-out questions do not depend on the shots: the same ones without them.
+    plain = generate_tasks(TaskConfig(num_examples=300, num_heldout=50), "heldout")
+    assert [e["answer"] for e in heldout] == [e["answer"] for e in plain]
+
+
+def test_few_shot_settings_are_checked():
+    with pytest.raises(ValueError, match="worked"):
+        generate_tasks(TaskConfig(few_shot=2, operators="+*"))
+    with pytest.raises(ValueError, match="few_shot"):
+        generate_tasks(TaskConfig(kind="long_context", few_shot=2))
+    numbers = generate_tasks(TaskConfig(num_examples=5, few_shot=2, shot_answers="number"))
+    assert numbers[0]["prompt"][1]["content"].isdigit()
