@@ -63,6 +63,11 @@ class RLConfig:
     save_every: int = 10  # checkpoint every this many steps (and at the end); 0: only at the end
     keep_last: int = 2  # complete checkpoints kept
     max_nonfinite_streak: int = 3  # consecutive skipped (NaN/Inf) updates that stop the run
+    # A step whose advantages are all zero (every group's rewards equal) has a zero gradient,
+    # but AdamW would still move the weights on its momentum, repeating the last real update
+    # (sparrow.experiments.zero_signal_drift). Skip such an update: weights and optimizer state
+    # stay as they are, and the LR schedule does not advance.
+    skip_no_signal: bool = True
 
     def __post_init__(self):
         # prompts_per_step and keep_last are checked where they are used (prompt iterator,

@@ -265,8 +265,13 @@ class DenseActor:
         totals["entropy"] = entropy_sum / max(entropy_count, 1.0)
         totals["grad_norm"] = grad_norm
         totals["skipped"] = float(skipped)
-        totals["lr"] = float(self.engine.get_lr()[0])
+        totals["lr"] = self.lr
         return totals
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use."""
+        return float(self.engine.get_lr()[0])
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """Apply the accumulated gradient unless it is non-finite; return (grad norm, skipped)."""

@@ -34,12 +34,17 @@ def format_step_line(step: int, total: int, m: dict) -> str:
         value = m.get(key, math.nan)
         return fmt.format(value) if isinstance(value, (int, float)) else str(value)
 
-    return (
-        f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
-        f"len {g('len/completion_mean', '{:.1f}')} | loss {g('loss/loss', '{:+.4f}')} "
+    update = (
+        f"loss {g('loss/loss', '{:+.4f}')} "
         f"clip lo/hi {g('update/clip_frac_low')}/{g('update/clip_frac_high')} "
         f"tis {g('update/tis_weight_mean')} [{g('update/tis_weight_min', '{:.2f}')}, "
-        f"{g('update/tis_weight_max', '{:.2f}')}] | p5 min {g('accept/p5_min')} "
+        f"{g('update/tis_weight_max', '{:.2f}')}]"
+    )
+    if m.get("update/no_signal"):
+        update = "no signal (all advantages 0): update skipped"
+    return (
+        f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
+        f"len {g('len/completion_mean', '{:.1f}')} | {update} | p5 min {g('accept/p5_min')} "
         f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
         f"logp {g('time/logprobs_s', '{:.1f}')}s monitor {g('time/monitor_s', '{:.1f}')}s "
         f"update {g('time/update_s', '{:.1f}')}s"

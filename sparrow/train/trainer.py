@@ -322,6 +322,9 @@ class GRPOTrainer:
         """One GRPO/TIS update of theta on the batch (ratios against the dense log-probs `dense`
         taken before the update), with its metrics reduced over ranks."""
         cfg = self.cfg
+        if cfg.rl.skip_no_signal and self.ranks.sum(token_advantages.ne(0).sum()) == 0:
+            log.info("step %d: every advantage is zero, update skipped", self.step + 1)
+            return {"no_signal": 1.0, "lr": self.actor.lr}
         train_batch = {
             "input_ids": batch.input_ids,
             "attention_mask": batch.attention_mask,
@@ -354,7 +357,7 @@ class GRPOTrainer:
         )
         update |= {k: self.ranks.extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
         self._check_nonfinite(update)
-        return update
+        return update | {"no_signal": 0.0}
 
     def _distill_update(self, batch, dense, token_advantages, num_tokens, weights) -> dict:
         """DistillSparse: one adapter update on the frozen updated theta (`weights`)."""
