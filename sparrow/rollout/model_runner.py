@@ -20,6 +20,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from sparrow.kernels import uses_triton
 from sparrow.kernels.selection import distinct_pages
 from sparrow.rollout.cuda_graph import DecodeGraphs
 from sparrow.rollout.decode_plan import DecodePlan, DecodeStep
@@ -51,7 +52,12 @@ class ModelRunner:
         initial rows (it grows)."""
         self.device = next(hf_model.parameters()).device
         state = hf_model.state_dict()
-        self.model = DecoderModel(hf_model.config, state, dtype, self.device, linear)
+        # The model's fused kernels follow the attention backend: Triton on CUDA (auto), and the
+        # interpreter where a CPU run asks for the Triton backend (tests, the decode bench).
+        triton_kernels = uses_triton(attn.backend, torch.empty(0, device=self.device))
+        self.model = DecoderModel(
+            hf_model.config, state, dtype, self.device, linear, triton_kernels=triton_kernels
+        )
         shape = self.model.shape
         self.page_size = attn.page_size
         self.kv = PagedKVCache(

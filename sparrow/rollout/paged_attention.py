@@ -25,6 +25,7 @@ from sparrow.kernels import (
     GatherPlan,
     PageSummary,
     SelectionPlan,
+    append_kv,
     attend_gathered,
     gather_plan,
     paged_decode,
@@ -204,7 +205,7 @@ class PagedKVCache:
     ) -> Tensor:
         """q (B, H_q, D), this step's k, v (B, H_kv, D) -> attention output (B, H_q, D)."""
         k_cache, v_cache = self.k[layer], self.v[layer]
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        append_kv(k_cache, v_cache, k, v, meta.slot_mapping, self.cfg.backend)  # Triton: 1 launch
         summary = self.summaries[layer]
         sparse = summary is not None and meta.budgets is not None
         if self._fused_sparse and (sparse or meta.shared_pages):
