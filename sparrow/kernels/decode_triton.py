@@ -352,7 +352,8 @@ def _selected_ids(selected: SelectedPages, page_table: Tensor) -> tuple[Tensor, 
     phys = selected.physical_pages
     if phys is None:
         batch, heads, slots = logical.shape
-        rows = logical.reshape(batch, heads * slots).long()  # (B, H_kv * S)
+        # Padding slots (past num_selected, never read) may hold any value: clamp for the gather.
+        rows = logical.reshape(batch, heads * slots).long().clamp(0, page_table.shape[1] - 1)
         phys = page_table.gather(1, rows).view(batch, heads, slots)
     if phys.shape != logical.shape:
         raise ValueError(
