@@ -96,20 +96,22 @@ def select_pages(
     page_table = page_table[:, : plan.phys.shape[1]]  # the columns some sequence uses
     if uses_triton(backend, q):
         from .score_triton import page_scores_triton
-        from .select_triton import select_pages_triton
+        from .select_triton import MAX_PAGES, select_pages_triton
 
         scores = page_scores_triton(q, summary, page_table, seq_lens, score, page_size)
-        return select_pages_triton(
-            scores,
-            page_table,
-            seq_lens.to(torch.int32),  # no-ops for the engine's int32 tensors
-            budgets.to(device=q.device, dtype=torch.int32),
-            plan.num_selected,
-            plan.max_selected,
-            page_size=page_size,
-            num_sink=num_sink,
-            num_recent=num_recent,
-        )
+        # Rows wider than one program holds (> 128K tokens at page 16) take the torch choice.
+        if max(page_table.shape[1], plan.max_selected) <= MAX_PAGES:
+            return select_pages_triton(
+                scores,
+                page_table,
+                seq_lens.to(torch.int32),  # no-ops for the engine's int32 tensors
+                budgets.to(device=q.device, dtype=torch.int32),
+                plan.num_selected,
+                plan.max_selected,
+                page_size=page_size,
+                num_sink=num_sink,
+                num_recent=num_recent,
+            )
     else:
         if any(t.dtype != torch.float32 for t in summary.tables):
             raise TypeError("select_pages: the torch backend scores fp32 page summaries only")

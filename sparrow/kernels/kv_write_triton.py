@@ -54,7 +54,7 @@ def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mappin
     if v_cache.shape != k_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("write_kv(triton): k_cache and v_cache must be contiguous, same shape")
     if slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"write_kv(triton): slot_mapping must be int32/int64, not {slot_mapping.dtype}")
+        raise TypeError(f"write_kv(triton): slot_mapping must be int32/int64: {slot_mapping.dtype}")
     if head_dim & (head_dim - 1):
         raise ValueError(f"write_kv(triton): head dim must be a power of 2, got {head_dim}")
     if not k.is_cuda and not INTERPRETED:

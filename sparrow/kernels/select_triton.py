@@ -26,11 +26,11 @@ def _select_pages_kernel(
     stride_sb, stride_sh, stride_ptb, stride_ptp, stride_lb, stride_lh,
     max_selected,
     PAGE_SIZE: tl.constexpr, NUM_SINK: tl.constexpr, NUM_RECENT: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
-    offs_p = tl.arange(0, BLOCK_P)  # (BLOCK_P,) logical pages
+    offs_p = tl.arange(0, BLOCK_P)  # (BLOCK_P,) logical pages, and output slots
     num_logical = tl.cdiv(tl.load(seq_lens_ptr + b), PAGE_SIZE)
     budget = tl.load(budgets_ptr + b)
     sparse = num_logical > budget  # a scalar: combined with the page masks through tl.where
@@ -66,11 +66,10 @@ def _select_pages_kernel(
     tl.store(logical_ptr + out + slot, offs_p, mask=keep)
     tl.store(physical_ptr + out + slot, phys, mask=keep)
     # Padding slots: logical page 0 and its physical page (valid ids, never attended).
-    offs_s = tl.arange(0, BLOCK_S)
-    pad = (offs_s >= tl.sum(keep.to(tl.int32), axis=0)) & (offs_s < max_selected)
-    first = tl.load(table) + tl.zeros([BLOCK_S], dtype=tl.int32)
-    tl.store(logical_ptr + out + offs_s, tl.zeros([BLOCK_S], dtype=tl.int32), mask=pad)
-    tl.store(physical_ptr + out + offs_s, first, mask=pad)
+    pad = (offs_p >= tl.sum(keep.to(tl.int32), axis=0)) & (offs_p < max_selected)
+    first = tl.load(table) + tl.zeros([BLOCK_P], dtype=tl.int32)
+    tl.store(logical_ptr + out + offs_p, tl.zeros([BLOCK_P], dtype=tl.int32), mask=pad)
+    tl.store(physical_ptr + out + offs_p, first, mask=pad)
 
 
 # TRITON_INTERPRET was read when the kernel above was decorated.
@@ -103,8 +102,11 @@ def select_pages_triton(
     for name, t in (("seq_lens", seq_lens), ("budgets", budgets)):
         if t.shape != (batch,) or t.dtype != torch.int32:
             raise ValueError(f"select_pages(triton): {name} must be int32 (B,) = ({batch},)")
-    if max_pages > MAX_PAGES:
-        raise ValueError(f"select_pages(triton): at most {MAX_PAGES} pages per row, got {max_pages}")
+    if max(max_pages, max_selected) > MAX_PAGES:
+        raise ValueError(
+            f"select_pages(triton): at most {MAX_PAGES} pages and slots per row, got "
+            f"{max_pages} pages, {max_selected} slots"
+        )
     if not scores.is_cuda and not INTERPRETED:
         raise RuntimeError(
             "select_pages(triton) needs CUDA, or TRITON_INTERPRET=1 set before "
@@ -113,7 +115,7 @@ def select_pages_triton(
     shape = (batch, num_kv_heads, max_selected)
     logical = torch.empty(shape, dtype=torch.int32, device=scores.device)  # (B, H_kv, S)
     physical = torch.empty(shape, dtype=torch.int32, device=scores.device)  # (B, H_kv, S)
-    constexprs = select_constexprs(page_size, num_sink, num_recent, max_pages, max_selected)
+    constexprs = select_constexprs(page_size, num_sink, num_recent, max(max_pages, max_selected))
     _select_pages_kernel[(batch, num_kv_heads)](
         scores, page_table, seq_lens, budgets, logical, physical,
         scores.stride(0), scores.stride(1), page_table.stride(0), page_table.stride(1),
@@ -124,23 +126,23 @@ def select_pages_triton(
     return SelectedPages(logical_pages=logical, num_selected=num_selected, physical_pages=physical)
 
 
-# A row of scores lives in one program's registers: 16K pages (256K tokens at page 16) is the
-# most the AOT list checks for spills.
-MAX_PAGES = 16384
+# A row of scores lives in one program's registers: 8K pages (128K tokens at page 16) is the
+# widest that compiles without spills for sm_90 (16K spills at 16 warps); wider rows take the
+# torch choice (kernels.select_pages).
+MAX_PAGES = 8192
 
 
-def select_constexprs(
-    page_size: int, num_sink: int, num_recent: int, max_pages: int, max_selected: int
-) -> dict:
-    """The kernel's constexprs: one function for the launcher and the AOT variant list."""
+def select_constexprs(page_size: int, num_sink: int, num_recent: int, width: int) -> dict:
+    """The kernel's constexprs for rows of `width` pages (and output slots): one function for the
+    launcher and the AOT variant list (one variant per power of 2 up to MAX_PAGES)."""
     return {"PAGE_SIZE": page_size, "NUM_SINK": num_sink, "NUM_RECENT": num_recent,
-            "BLOCK_P": max(16, triton.next_power_of_2(max_pages)),
-            "BLOCK_S": max(16, triton.next_power_of_2(max_selected))}  # fmt: skip
+            "BLOCK_P": max(16, triton.next_power_of_2(width))}  # fmt: skip
 
 
 def select_num_warps(block_p: int) -> int:
-    """Warps for a row of `block_p` pages: up to 16 keys per thread."""
-    return max(4, min(32, block_p // (32 * 16)))
+    """Warps for a row of `block_p` pages: up to 16 keys per thread (32 warps would cap a thread
+    at 64 registers)."""
+    return max(4, min(16, block_p // (32 * 16)))
 
 
 def aot_signature(kernel: str, dtype: str, constexprs: dict) -> dict[str, str]:

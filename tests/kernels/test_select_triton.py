@@ -36,9 +36,7 @@ def _table(lens, width, seed=0):
 
 def _both(scores, table, lens, budgets, max_selected=None, max_top=None):
     """(torch choice, Triton choice) for the same scores."""
-    plan = selection_plan(
-        table, lens, budgets, **RULE, max_selected=max_selected, max_top=max_top
-    )
+    plan = selection_plan(table, lens, budgets, **RULE, max_selected=max_selected, max_top=max_top)
     ref = select_from_scores(scores, lens, budgets, **RULE, plan=plan)
     got = select_triton.select_pages_triton(
         scores, table, lens, budgets, plan.num_selected, plan.max_selected, **RULE
@@ -105,10 +103,10 @@ def test_select_pages_triton_equals_reference(paged_batch, dtype, score):
     q = batch.q.to(dtype)
     got = select_pages(q, summary, batch.page_table, batch.seq_lens, budgets, score=score,
                        backend="triton")  # fmt: skip
-    live = torch.arange(got.logical_pages.shape[2]) < got.num_selected[:, None, None]
+    shape = got.logical_pages.shape  # (B, H_kv, S)
+    live = (torch.arange(shape[2]) < got.num_selected[:, None, None]).expand(shape)
     expected_phys = batch.page_table.long().gather(1, got.logical_pages.flatten(1).long())
-    assert torch.equal(got.physical_pages[live.expand_as(got.logical_pages)],
-                       expected_phys.view_as(got.logical_pages)[live.expand_as(got.logical_pages)].int())  # fmt: skip
+    assert torch.equal(got.physical_pages[live], expected_phys.view(shape)[live].int())
     if dtype == torch.float32:
         expected = select_pages_reference(
             q, summary, batch.page_table, batch.seq_lens, budgets, score=score
