@@ -105,8 +105,13 @@ def engine_variants(shape: EngineShape) -> list[KernelVariant]:
         warps = sl.select_num_warps(constexprs["BLOCK_P"])
         out.append(_variant("select_pages", "fp32", constexprs, warps, 2))  # fp32: the scores
         width *= 2
-    constexprs = kw.write_kv_constexprs(shape.num_kv_heads, shape.head_dim)
-    out.append(_variant("write_kv", name, constexprs, 4, 2))
+    for summaries in (False, True):  # dense layers write none; sparse ones their score's tables
+        constexprs = kw.write_kv_constexprs(
+            shape.num_kv_heads, shape.head_dim, shape.page_size,
+            mean=summaries and shape.score == "centroid",
+            min_max=summaries and shape.score == "quest",
+        )  # fmt: skip
+        out.append(_variant("write_kv", name, constexprs, 4, 2))
     out.append(_variant("silu_mul", name, sw.silu_mul_constexprs(), 4, 2))
     if shape.dtype != torch.float32:
         for residual in (True, False):

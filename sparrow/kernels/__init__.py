@@ -233,16 +233,28 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 
 
 def append_kv(
-    k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor, backend: str
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor,
+    v: Tensor,
+    slot_mapping: Tensor,
+    summary: PageSummary | None = None,
+    *,
+    backend: str = "auto",
 ) -> None:
-    """`write_kv`, in one Triton launch for K and V where `backend` runs Triton for `k`
-    (kv_write_triton.py), else the torch index copies."""
+    """`write_kv`, then (with `summary`) the summary rows of the pages written, from their first
+    `slot % PAGE_SIZE + 1` tokens: one Triton launch where `backend` runs Triton for `k`
+    (kv_write_triton.py), else `write_kv` and `update_page_summaries`."""
     if uses_triton(backend, k):
         from .kv_write_triton import write_kv as fused
 
-        fused(k_cache, v_cache, k, v, slot_mapping)
-    else:
-        write_kv(k_cache, v_cache, k, v, slot_mapping)
+        fused(k_cache, v_cache, k, v, slot_mapping, summary)
+        return
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    if summary is not None:
+        page_size = k_cache.shape[1]
+        update_page_summaries(k_cache, summary, slot_mapping // page_size,
+                              slot_mapping % page_size + 1)  # fmt: skip
 
 
 def resolve_backend(backend: str, q: Tensor) -> str:

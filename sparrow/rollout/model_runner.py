@@ -160,7 +160,7 @@ class ModelRunner:
                 distinct = _shared_split(step.page_table, lens, self.page_size)
             shared = self.kv.reads_shared_pages and _rows_share_pages(seqs)
             logits = self._forward(step, gate, shared, distinct)
-        if update_summaries:
+        if update_summaries and not self.kv.writes_decode_summaries:
             self.kv.update_summaries(step.rows[3], step.rows[4])
         return logits[:num_rows]
 

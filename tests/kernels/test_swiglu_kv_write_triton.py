@@ -57,6 +57,42 @@ def test_write_kv_equals_torch_from_the_fused_projection(dtype, kv_heads):
     assert torch.equal(k_cache.view(-1, kv_heads, d)[slots], k)  # the new rows are in place
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("score", ["quest", "centroid"])
+def test_write_kv_refreshes_the_written_pages_summaries(dtype, score):
+    """With the layer's summary tables (in the cache dtype, as the engine keeps them for Triton),
+    each written page's row is what `update_page_summaries` computes from the page's first
+    offset + 1 tokens: a fresh page (offset 0), a half page, a full page; other rows untouched."""
+    from sparrow.kernels.paged_cache import PageSummary
+
+    gen = torch.Generator().manual_seed(11)
+    kv_heads, d, pages, page_size = 2, 32, 5, 8
+    qkv = torch.randn(3, 4 * kv_heads, d, generator=gen).to(dtype)
+    k, v = qkv[:, 2 * kv_heads : 3 * kv_heads], qkv[:, 3 * kv_heads :]  # (N, H_kv, D) views
+    slots = torch.tensor([1 * 8 + 0, 3 * 8 + 4, 4 * 8 + 7])  # pages 1, 3, 4 at offsets 0, 4, 7
+    k_cache = torch.randn(pages, page_size, kv_heads, d, generator=gen).to(dtype)
+    v_cache = torch.randn(pages, page_size, kv_heads, d, generator=gen).to(dtype)
+    summary = PageSummary.empty(pages, kv_heads, d, "cpu", score=score, dtype=dtype)
+    for t in summary.tables:
+        t.normal_(generator=gen)
+    before = [t.clone() for t in summary.tables]
+    caches_ref = (k_cache.clone(), v_cache.clone())
+    summary_ref = PageSummary(*(None if t is None else t.clone() for t in
+                                (summary.k_mean, summary.k_min, summary.k_max)))  # fmt: skip
+    append_kv(*caches_ref, k, v, slots, summary_ref, backend="torch")
+    append_kv(k_cache, v_cache, k, v, slots, summary, backend="triton")
+    assert torch.equal(k_cache, caches_ref[0]) and torch.equal(v_cache, caches_ref[1])
+    untouched = [0, 2]
+    for got, ref in zip(summary.tables, summary_ref.tables, strict=True):
+        if score == "quest":
+            assert torch.equal(got, ref)  # min/max: exact
+        else:  # the centroid: an fp32 sum in another order, rounded to the table's dtype
+            torch.testing.assert_close(got, ref, atol=1e-6, rtol=RTOL[dtype])
+        assert torch.equal(got[untouched], ref[untouched])
+    for got, old in zip(summary.tables, before, strict=True):  # every written row changed
+        assert all(not torch.equal(got[p], old[p]) for p in (1, 3, 4))
+
+
 def test_write_kv_rejects_a_non_contiguous_cache():
     cache = torch.zeros(2, 16, 2, 2, 16)[:, :, :, 0]  # (2, 16, 2, 16) strided
     k = torch.zeros(1, 2, 16)
