@@ -10,7 +10,9 @@ not depend on them, and CPU time does. Counted with `DispatchCounter` (dispatch_
 one steady-state decode step of the model runner (plan + forward + summary refresh): aten ops
 that launch a kernel (views and metadata ops excluded) plus Triton kernel launches, grouped by
 layer; host syncs (`.item()`/`.tolist()` and data-dependent shapes), inside the forward's layers
-and for the whole step. On CPU the Triton kernels run in the interpreter (tiny shapes).
+and for the whole step. On CPU the Triton kernels run in the interpreter (tiny shapes); the
+Triton configurations launch what CUDA launches, the model's fused kernels included (they follow
+the attention backend), so their counts are the GPU path's.
 
 Page table: the per-step cost at `--pt-seqs` sequences x `--pt-pages` pages of the decode plan's
 incremental update (decode_plan.py; every step one token more per sequence, a new page for one

@@ -199,5 +199,10 @@ class _CountingKernel:
 
         return run
 
+    def __call__(self, *args, **kwargs):
+        # A @triton.jit helper called from inside another kernel (the interpreter resolves it
+        # through the module's globals): not a launch.
+        return self._kernel(*args, **kwargs)
+
     def __getattr__(self, attr):
         return getattr(self._kernel, attr)

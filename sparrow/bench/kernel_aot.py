@@ -36,6 +36,8 @@ class EngineShape:
     page_size: int
     score: str
     dtype: torch.dtype
+    num_sink: int = 1
+    num_recent: int = 2
 
 
 def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
@@ -59,6 +61,8 @@ def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
                 page_size=engine.page_size,
                 score=engine.score,
                 dtype=getattr(torch, engine.dtype),
+                num_sink=engine.num_sink,
+                num_recent=engine.num_recent,
             )
         )
     return shapes
@@ -66,11 +70,15 @@ def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
 
 def engine_variants(shape: EngineShape) -> list[KernelVariant]:
     """The variants one engine shape launches: decode dense and sparse (one split writes the
-    output, more go through the merge), scoring of the configured mode, and for bf16/fp16 the
+    output, more go through the merge), scoring of the configured mode, the page choice at every
+    row width (a power of 2 up to its limit), the KV append and SwiGLU, and for bf16/fp16 the
     fused norms (with and without a residual) and q/k norm + RoPE."""
     from sparrow.kernels import decode_triton as dt
+    from sparrow.kernels import kv_write_triton as kw
     from sparrow.kernels import norm_rope_triton as nr
     from sparrow.kernels import score_triton as st
+    from sparrow.kernels import select_triton as sl
+    from sparrow.kernels import swiglu_triton as sw
 
     group = shape.num_q_heads // shape.num_kv_heads
     name = DTYPE_NAMES[shape.dtype]
@@ -90,6 +98,21 @@ def engine_variants(shape: EngineShape) -> list[KernelVariant]:
         group, shape.head_dim, shape.page_size, shape.dtype, shape.score == "quest", False
     )
     out.append(_variant("page_score", name, constexprs, 4, 2))
+    width = 16
+    while width <= sl.MAX_PAGES:
+        rule = (shape.page_size, shape.num_sink, shape.num_recent)
+        constexprs = sl.select_constexprs(*rule, width)
+        warps = sl.select_num_warps(constexprs["BLOCK_P"])
+        out.append(_variant("select_pages", "fp32", constexprs, warps, 2))  # fp32: the scores
+        width *= 2
+    for summaries in (False, True):  # dense layers write none; sparse ones their score's tables
+        constexprs = kw.write_kv_constexprs(
+            shape.num_kv_heads, shape.head_dim, shape.page_size,
+            mean=summaries and shape.score == "centroid",
+            min_max=summaries and shape.score == "quest",
+        )  # fmt: skip
+        out.append(_variant("write_kv", name, constexprs, 4, 2))
+    out.append(_variant("silu_mul", name, sw.silu_mul_constexprs(), 4, 2))
     if shape.dtype != torch.float32:
         for residual in (True, False):
             constexprs = nr.add_rms_norm_constexprs(shape.hidden_size, residual)

@@ -30,6 +30,7 @@ BACKENDS = ("auto", "torch", "triton", "cpp")
 __all__ = [
     "BACKENDS",
     "add_rms_norm",
+    "append_kv",
     "GatherPlan",
     "SCORE_MODES",
     "PageSummary",
@@ -43,6 +44,7 @@ __all__ = [
     "qk_norm_rope",
     "resolve_backend",
     "select_pages",
+    "silu_mul",
     "selection_plan",
     "sparse_decode",
     "sparse_decode_cpu",
@@ -71,9 +73,10 @@ def select_pages(
 
     q: (B, H_q, D) current queries; page_table: (B, max_pages) int32 physical ids; seq_lens: (B,)
     int32 tokens cached including the current one; budgets: (B,) int32 pages. The backend only
-    changes how page scores are computed (Triton: one fused gather+score kernel); the top-k and
-    the compaction into ascending rows are torch on every device (one device sync, to size the
-    output). `validate=False` skips the value checks (page ids, budgets), as in `paged_decode`.
+    changes how the work is launched: Triton scores pages in one fused gather+score kernel and
+    chooses them (top-k, compaction, physical ids) in a second (select_triton.py); torch takes
+    ~8 ops for the choice. Same pages on both, up to the order of equal scores. `validate=False`
+    skips the value checks (page ids, budgets), as in `paged_decode`.
     `plan`: `selection_plan(page_table, seq_lens, budgets, ..., trim=True)` built once for all
     the sparse layers of a step (it depends on no layer's data); built here when None.
     """
@@ -93,8 +96,22 @@ def select_pages(
     page_table = page_table[:, : plan.phys.shape[1]]  # the columns some sequence uses
     if uses_triton(backend, q):
         from .score_triton import page_scores_triton
+        from .select_triton import MAX_PAGES, select_pages_triton
 
         scores = page_scores_triton(q, summary, page_table, seq_lens, score, page_size)
+        # Rows wider than one program holds (> 128K tokens at page 16) take the torch choice.
+        if max(page_table.shape[1], plan.max_selected) <= MAX_PAGES:
+            return select_pages_triton(
+                scores,
+                page_table,
+                seq_lens.to(torch.int32),  # no-ops for the engine's int32 tensors
+                budgets.to(device=q.device, dtype=torch.int32),
+                plan.num_selected,
+                plan.max_selected,
+                page_size=page_size,
+                num_sink=num_sink,
+                num_recent=num_recent,
+            )
     else:
         if any(t.dtype != torch.float32 for t in summary.tables):
             raise TypeError("select_pages: the torch backend scores fp32 page summaries only")
@@ -205,6 +222,39 @@ def qk_norm_rope(qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, ep
     from .norm_rope_triton import qk_norm_rope as fused
 
     return fused(qk, weight, cos, sin, eps)
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """SwiGLU's silu(gate) * up of gate_up (N, 2 I) -> (N, I) in one Triton launch: CUDA (or the
+    interpreter). See swiglu_triton.silu_mul."""
+    from .swiglu_triton import silu_mul as fused
+
+    return fused(gate_up)
+
+
+def append_kv(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor,
+    v: Tensor,
+    slot_mapping: Tensor,
+    summary: PageSummary | None = None,
+    *,
+    backend: str = "auto",
+) -> None:
+    """`write_kv`, then (with `summary`) the summary rows of the pages written, from their first
+    `slot % PAGE_SIZE + 1` tokens: one Triton launch where `backend` runs Triton for `k`
+    (kv_write_triton.py), else `write_kv` and `update_page_summaries`."""
+    if uses_triton(backend, k):
+        from .kv_write_triton import write_kv as fused
+
+        fused(k_cache, v_cache, k, v, slot_mapping, summary)
+        return
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    if summary is not None:
+        page_size = k_cache.shape[1]
+        update_page_summaries(k_cache, summary, slot_mapping // page_size,
+                              slot_mapping % page_size + 1)  # fmt: skip
 
 
 def resolve_backend(backend: str, q: Tensor) -> str:

@@ -26,6 +26,9 @@ KERNELS = {
     "page_score": ("score_triton", "_page_score_kernel"),
     "add_rms_norm": ("norm_rope_triton", "_add_rms_norm_kernel"),
     "qk_norm_rope": ("norm_rope_triton", "_qk_norm_rope_kernel"),
+    "select_pages": ("select_triton", "_select_pages_kernel"),
+    "silu_mul": ("swiglu_triton", "_silu_mul_kernel"),
+    "write_kv": ("kv_write_triton", "_write_kv_kernel"),
 }
 _RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+).*?LOCAL:(\d+)")
 

@@ -153,6 +153,11 @@ def _check_decode_values(
         bad_logical = live & ((logical < 0) | (logical >= num_logical[:, None, None]))
         bad_count = (count < 1) | (count > logical.shape[2]) | (count > num_logical)
         flags += [bad_count.any(), bad_logical.any()]
+        phys = selected.physical_pages  # (B, H_kv, S) or None; the Triton kernel reads them
+        bad_phys = torch.zeros((), dtype=torch.bool, device=lens.device)
+        if phys is not None:
+            bad_phys = (live & ((phys < 0) | (phys >= num_pages))).any()
+        flags.append(bad_phys)
     flags = torch.stack(flags).tolist()  # one host sync for every value check
     if flags[0]:
         raise ValueError(f"seq_lens must be >= 1, got {seq_lens.tolist()}")
@@ -177,3 +182,5 @@ def _check_decode_values(
             f"selected.logical_pages[{b}, {h}, {s}] = {int(selected.logical_pages[b, h, s])} is "
             f"outside the sequence's {int(num_logical[b])} pages"
         )
+    if selected is not None and flags[5]:
+        raise ValueError(f"selected.physical_pages has ids outside [0, {num_pages})")

@@ -25,16 +25,20 @@ from .selection import SelectedPages
 
 
 @triton.jit
-def _page_ids(sel_base, stride_ss, table_base, stride_ptp, start, hi, offs_p, DENSE: tl.constexpr):
+def _page_ids(sel_base, phys_base, stride_ss, table_base, stride_ptp, start, hi, offs_p,
+              DENSE: tl.constexpr):  # fmt: skip
     """(logical, physical int64 id, in range) of the pages in slots start + offs_p: one load per
-    page, not per token lane. Slots at or past `hi` get page 0, so no lane forms a wild address."""
+    page, not per token lane. Slots at or past `hi` get page 0, so no lane forms a wild address.
+    Sparse: both ids come from the selection (two independent loads, no sel -> page_table chain);
+    dense: slot i is logical page i, its physical id from the page table."""
     slot = start + offs_p  # (PAGES_PER_ITER,)
     slot_ok = slot < hi
     if DENSE:
         logical = tl.where(slot_ok, slot, 0)
+        phys = tl.load(table_base + logical * stride_ptp, mask=slot_ok, other=0)
     else:
         logical = tl.load(sel_base + slot * stride_ss, mask=slot_ok, other=0)
-    phys = tl.load(table_base + logical * stride_ptp, mask=slot_ok, other=0)
+        phys = tl.load(phys_base + slot * stride_ss, mask=slot_ok, other=0)
     return logical, phys.to(tl.int64), slot_ok  # int64: large caches overflow int32 offsets
 
 
@@ -61,7 +65,8 @@ def _load_tile(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, sel_ptr, num_sel_ptr, o_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, sel_ptr, sel_phys_ptr, num_sel_ptr,
+    o_ptr, lse_ptr,
     scale_log2,
     stride_qb, stride_qh,
     stride_kp, stride_kt, stride_kh,
@@ -106,6 +111,7 @@ def _decode_split_kernel(
     k_base = k_ptr + kv_head * tl.multiple_of(stride_kh, HEAD_DIM)
     v_base = v_ptr + kv_head * tl.multiple_of(stride_vh, HEAD_DIM)
     sel_base = sel_ptr + b * stride_sb + kv_head * stride_sh
+    phys_base = sel_phys_ptr + b * stride_sb + kv_head * stride_sh
     table_base = page_table_ptr + b * stride_ptb
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -114,18 +120,19 @@ def _decode_split_kernel(
     # Two-deep software pipeline: while one tile is computed, the next tile's K/V loads are in
     # flight (their addresses came from ids loaded an iteration earlier) and the ids of the tile
     # after it are loading, so no iteration waits on the dependent sel -> page_table -> K chain.
-    ids = _page_ids(sel_base, stride_ss, table_base, stride_ptp, lo, hi, offs_p, DENSE)
+    ids = _page_ids(sel_base, phys_base, stride_ss, table_base, stride_ptp, lo, hi, offs_p,
+                    DENSE)  # fmt: skip
     k, v, tok_ok = _load_tile(k_base, v_base, stride_kp, stride_kt, stride_vp, stride_vt, ids,
                               seq_len, offs_t, offs_d, PAGE_SIZE, HEAD_DIM)  # fmt: skip
-    ids = _page_ids(sel_base, stride_ss, table_base, stride_ptp, lo + PAGES_PER_ITER, hi, offs_p,
-                    DENSE)  # fmt: skip
+    ids = _page_ids(sel_base, phys_base, stride_ss, table_base, stride_ptp, lo + PAGES_PER_ITER,
+                    hi, offs_p, DENSE)  # fmt: skip
     for start in range(lo, hi, PAGES_PER_ITER):
         k_next, v_next, tok_ok_next = _load_tile(
             k_base, v_base, stride_kp, stride_kt, stride_vp, stride_vt, ids, seq_len, offs_t,
             offs_d, PAGE_SIZE, HEAD_DIM,
         )  # fmt: skip
-        ids = _page_ids(sel_base, stride_ss, table_base, stride_ptp, start + 2 * PAGES_PER_ITER,
-                        hi, offs_p, DENSE)  # fmt: skip
+        ids = _page_ids(sel_base, phys_base, stride_ss, table_base, stride_ptp,
+                        start + 2 * PAGES_PER_ITER, hi, offs_p, DENSE)  # fmt: skip
         if COMPUTE_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -309,10 +316,13 @@ def paged_decode_triton(
         o_strides = (out.stride(0), out.stride(1), 0)
         lse_strides = (0, 0)
     # In dense mode the selection pointers are never read; pass page_table as a placeholder.
-    sel = page_table[:, None, :] if selected is None else selected.logical_pages
+    if selected is None:
+        sel = sel_phys = page_table[:, None, :]
+    else:
+        sel, sel_phys = _selected_ids(selected, page_table)
     num_sel = seq_lens if selected is None else selected.num_selected
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, page_table, seq_lens, sel, num_sel, o_part, lse_part,
+        q, k_cache, v_cache, page_table, seq_lens, sel, sel_phys, num_sel, o_part, lse_part,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -332,6 +342,27 @@ def paged_decode_triton(
             **merge_constexprs(head_dim),
         )  # fmt: skip
     return out
+
+
+def _selected_ids(selected: SelectedPages, page_table: Tensor) -> tuple[Tensor, Tensor]:
+    """(logical, physical) ids (B, H_kv, S) int32 of the selected slots in one layout (the kernel
+    reads both with one set of strides). The engine's selection emits the physical ids; a
+    selection made without a page table gets them here from one gather."""
+    logical = selected.logical_pages
+    phys = selected.physical_pages
+    if phys is None:
+        batch, heads, slots = logical.shape
+        # Padding slots (past num_selected, never read) may hold any value: clamp for the gather.
+        rows = logical.reshape(batch, heads * slots).long().clamp(0, page_table.shape[1] - 1)
+        phys = page_table.gather(1, rows).view(batch, heads, slots)
+    if phys.shape != logical.shape:
+        raise ValueError(
+            f"paged_decode(triton): selected physical pages {tuple(phys.shape)} != logical "
+            f"{tuple(logical.shape)}"
+        )
+    if phys.stride() != logical.stride():
+        logical, phys = logical.contiguous(), phys.contiguous()
+    return logical, phys.to(torch.int32)
 
 
 def merge_constexprs(head_dim: int) -> dict:
@@ -367,7 +398,7 @@ def _compiled_resources(q: Tensor, constexprs: dict, tiles: DecodeTiles) -> tupl
     f32 = torch.zeros(1, dtype=torch.float32, device=q.device)
     try:
         compiled = _decode_split_kernel.warmup(
-            q, q, q, i32, i32, i32, i32, f32, f32, 1.0, *ints,
+            q, q, q, i32, i32, i32, i32, i32, f32, f32, 1.0, *ints,
             **constexprs, num_warps=tiles.num_warps, num_stages=tiles.num_stages, grid=(1,),
         )  # fmt: skip
         compiled._init_handles()
@@ -391,6 +422,9 @@ def aot_signature(kernel: str, dtype: str, constexprs: dict) -> dict[str, str]:
     out = "*fp32" if constexprs["SPLIT_OUT"] else f"*{dtype}"
     types = {name: "i32" for name in _decode_split_kernel.arg_names if name.startswith("stride")}
     types |= {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}"}
-    types |= {name: "*i32" for name in ("page_table_ptr", "seq_lens_ptr", "sel_ptr", "num_sel_ptr")}
+    types |= {
+        name: "*i32"
+        for name in ("page_table_ptr", "seq_lens_ptr", "sel_ptr", "sel_phys_ptr", "num_sel_ptr")
+    }
     types |= {"o_ptr": out, "lse_ptr": "*fp32", "scale_log2": "fp32", "num_splits": "i32"}
     return types

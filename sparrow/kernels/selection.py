@@ -5,7 +5,8 @@ Per (sequence, KV head): n = ceil(seq_len / page_size) pages. If n <= budget eve
 `num_recent` pages (recent window, including the partial page) and the top
 (budget - num_sink - num_recent) other pages by score. Every KV head of a sequence keeps the same
 number of pages but picks its own. Scores ("centroid", the paper's; "quest", Quest's bound) are
-computed here in torch or by the Triton kernel in score_triton.py; the choice from scores is torch.
+computed here in torch or by the Triton kernel in score_triton.py; the choice from scores is
+torch here (`select_from_scores`) or one Triton kernel (select_triton.py), same pages.
 
 A decode step builds a `SelectionPlan` once (`selection_plan`): everything selection needs that
 does not depend on a layer's queries. Given the step's largest counts as host integers (an engine

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sparrow.kernels import add_rms_norm, qk_norm_rope
+from sparrow.kernels import add_rms_norm, qk_norm_rope, silu_mul
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras
 from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
@@ -108,18 +108,23 @@ class DecoderModel:
         dtype: torch.dtype,
         device,
         linear: Linear | None = None,
+        triton_kernels: bool | None = None,
     ):
+        """`triton_kernels`: run the fused Triton kernels below (the runner passes whether its
+        attention backend runs Triton; None: on CUDA)."""
         s = self.shape = ModelShape.from_config(config)
         self.linear = linear or Linear("torch", batch_hint=1)
         self.rope: Rope = rope_from_config(config, s.head_dim)
         self.rope.inv_freq = self.rope.inv_freq.to(device)
         self.dtype = dtype
-        # CUDA bf16/fp16: RMSNorm (+ residual add) and q/k norm + RoPE as one Triton launch each
-        # (kernels/norm_rope_triton.py, same rounding); elsewhere the torch ops above.
-        self.fused_norm_rope = torch.device(device).type == "cuda" and dtype in (
-            torch.bfloat16,
-            torch.float16,
-        )
+        # With the Triton backend (CUDA, or the interpreter in tests and `sparrow-bench decode`):
+        # in bf16/fp16 RMSNorm (+ residual add) and q/k norm + RoPE (norm_rope_triton.py), in
+        # every dtype SwiGLU's silu * up (swiglu_triton.py), as one launch each with the torch
+        # path's rounding; elsewhere (the CPU path) the torch ops.
+        if triton_kernels is None:
+            triton_kernels = torch.device(device).type == "cuda"
+        self.fused_norm_rope = triton_kernels and dtype in (torch.bfloat16, torch.float16)
+        self.fused_silu_mul = triton_kernels
 
         def new(*shape: int) -> Tensor:
             return torch.empty(shape, dtype=dtype, device=device)
@@ -288,9 +293,8 @@ class DecoderModel:
             o = attend(i, q, k, v)  # (N, H_q, D)
             attn_out = self._project(o.reshape(n, -1), w.o, w.o_bias, d and d.o, lora_gate)
             x, h = self._add_norm(x, attn_out, w.post_norm)
-            gate_up = self._project(h, w.gate_up, None, d and d.gate_up, lora_gate)
-            gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
-            mlp_out = self._project(F.silu(gate) * up, w.down, None, d and d.down, lora_gate)
+            gate_up = self._project(h, w.gate_up, None, d and d.gate_up, lora_gate)  # (N, 2 I)
+            mlp_out = self._project(self._swiglu(gate_up), w.down, None, d and d.down, lora_gate)
         return x + mlp_out
 
     def _add_norm(
@@ -302,6 +306,13 @@ class DecoderModel:
             return add_rms_norm(x, weight, eps, residual)
         x = x if residual is None else x + residual
         return x, rms_norm(x, weight, eps)
+
+    def _swiglu(self, gate_up: Tensor) -> Tensor:
+        """silu(gate) * up (N, I) of the fused gate/up projection (N, 2 I)."""
+        if self.fused_silu_mul:
+            return silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
+        return F.silu(gate) * up
 
     def _qk_norm_rope(self, qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         """Qwen3's per-head RMSNorm (weight (H, D); None: Llama, no norm), then RoPE."""

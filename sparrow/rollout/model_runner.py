@@ -20,6 +20,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from sparrow.kernels import uses_triton
 from sparrow.kernels.selection import distinct_pages
 from sparrow.rollout.cuda_graph import DecodeGraphs
 from sparrow.rollout.decode_plan import DecodePlan, DecodeStep
@@ -51,7 +52,12 @@ class ModelRunner:
         initial rows (it grows)."""
         self.device = next(hf_model.parameters()).device
         state = hf_model.state_dict()
-        self.model = DecoderModel(hf_model.config, state, dtype, self.device, linear)
+        # The model's fused kernels follow the attention backend: Triton on CUDA (auto), and the
+        # interpreter where a CPU run asks for the Triton backend (tests, the decode bench).
+        triton_kernels = uses_triton(attn.backend, torch.empty(0, device=self.device))
+        self.model = DecoderModel(
+            hf_model.config, state, dtype, self.device, linear, triton_kernels=triton_kernels
+        )
         shape = self.model.shape
         self.page_size = attn.page_size
         self.kv = PagedKVCache(
@@ -154,7 +160,7 @@ class ModelRunner:
                 distinct = _shared_split(step.page_table, lens, self.page_size)
             shared = self.kv.reads_shared_pages and _rows_share_pages(seqs)
             logits = self._forward(step, gate, shared, distinct)
-        if update_summaries:
+        if update_summaries and not self.kv.writes_decode_summaries:
             self.kv.update_summaries(step.rows[3], step.rows[4])
         return logits[:num_rows]
 

@@ -11,7 +11,9 @@ their pages (samples of one prompt), they go through the kernel over every page 
 Page summaries (one table over all layers x pages, viewed per sparse layer) are refreshed by
 `update_summaries` once per step for all sparse layers together, after the forward: a step never
 scores the page its token lands in (the last `num_recent` >= 1 pages are always attended), so the
-deferred refresh is exact and costs one op sequence per step instead of one per layer. The
+deferred refresh is exact and costs one op sequence per step instead of one per layer. On the
+Triton path each sparse layer's KV write refreshes its page's summary in the same launch instead
+(`writes_decode_summaries`): no op sequence at all. The
 runner skips it when no schedule is set: sequences live within one generate call, and the
 schedule does not change during one.
 """
@@ -25,6 +27,7 @@ from sparrow.kernels import (
     GatherPlan,
     PageSummary,
     SelectionPlan,
+    append_kv,
     attend_gathered,
     gather_plan,
     paged_decode,
@@ -144,6 +147,12 @@ class PagedKVCache:
         return self._fused_sparse
 
     @property
+    def writes_decode_summaries(self) -> bool:
+        """Whether each sparse layer's decode KV write also refreshes the summary of the page it
+        writes (the Triton path): the runner then skips `update_summaries` after decode."""
+        return uses_triton(self.cfg.backend, self.k)
+
+    @property
     def dedupes_scoring(self) -> bool:
         """Whether sparse steps score shared pages once (CPU torch scoring): the runner then
         passes `DecodeMetadata.distinct` when the rows share enough pages."""
@@ -204,8 +213,11 @@ class PagedKVCache:
     ) -> Tensor:
         """q (B, H_q, D), this step's k, v (B, H_kv, D) -> attention output (B, H_q, D)."""
         k_cache, v_cache = self.k[layer], self.v[layer]
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         summary = self.summaries[layer]
+        # Triton: K, V and (sparse layers) the page summary in one launch; else the index copies,
+        # and the runner refreshes the summaries of every sparse layer after the forward.
+        written = summary if self.writes_decode_summaries else None
+        append_kv(k_cache, v_cache, k, v, meta.slot_mapping, written, backend=self.cfg.backend)
         sparse = summary is not None and meta.budgets is not None
         if self._fused_sparse and (sparse or meta.shared_pages):
             # Sparse layers: selection and attention in one call. Dense layers of rows sampled

@@ -50,6 +50,27 @@ def test_sparse_kernel_equals_reference(
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_sparse_kernel_reads_the_selections_physical_ids(paged_batch, num_splits):
+    """Each selected page's physical id comes from `SelectedPages.physical_pages` (the selection
+    emits it), not from a sel -> page_table gather: with every page moved to another physical id
+    and only the selection's physical ids updated (the page table now points at wrong pages),
+    the output still equals the reference over the original layout."""
+    from dataclasses import replace
+
+    batch = paged_batch(LENS, num_kv_heads=2, group=2, head_dim=64)
+    budgets = torch.tensor(BUDGETS, dtype=torch.int32)
+    selected = select_pages(batch.q, batch.summary, batch.page_table, batch.seq_lens, budgets)
+    expected = attention_reference(*decode_args(batch, selected))
+    perm = torch.randperm(batch.k_cache.shape[0], generator=torch.Generator().manual_seed(1))
+    k_moved, v_moved = torch.empty_like(batch.k_cache), torch.empty_like(batch.v_cache)
+    k_moved[perm], v_moved[perm] = batch.k_cache, batch.v_cache  # page p now lives at perm[p]
+    moved = replace(selected, physical_pages=perm[selected.physical_pages.long()].int())
+    args = (batch.q, k_moved, v_moved, batch.page_table, batch.seq_lens, moved)
+    out = decode_triton.paged_decode_triton(*args, 64**-0.5, num_splits=num_splits)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("group,head_dim", SHAPES)
 def test_dense_kernel_equals_reference(paged_batch, group, head_dim):
     batch = paged_batch(LENS, num_kv_heads=2, group=group, head_dim=head_dim)

@@ -229,3 +229,47 @@ def test_fused_norm_and_rope_round_like_torch(dtype):
     ref = nr.qk_norm_rope_reference(qk, wq, cos, sin, 1e-6)
     torch.testing.assert_close(got, ref, atol=2 * step, rtol=step)
     assert (got != ref).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_step_kernels_match_torch(dtype):
+    """The compiled SwiGLU, KV append (+ Quest summaries) and page choice at the 1.7B shapes."""
+    from sparrow.kernels import append_kv, silu_mul
+    from sparrow.kernels.paged_cache import PageSummary
+    from sparrow.kernels.select_triton import select_pages_triton
+    from sparrow.kernels.selection import select_from_scores, selection_plan
+    from sparrow.kernels.swiglu_triton import silu_mul_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gate_up = (3 * torch.randn(64, 2 * 6144, generator=gen, device="cuda")).to(dtype)
+    got, ref = silu_mul(gate_up), silu_mul_reference(gate_up)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=2**-7 if dtype != torch.float32 else 1e-5)
+    assert (got != ref).float().mean() < 0.01  # rounds like the two torch ops, not just close
+    pages, kv_heads = 64, 8
+    qkv = torch.randn(16, 32, 128, generator=gen, device="cuda").to(dtype)
+    k, v = qkv[:, 16:24], qkv[:, 24:]  # (N, H_kv, D) views of the fused projection
+    # One token per page, as a decode step writes (each sequence its own last page).
+    page_ids = torch.randperm(pages, generator=gen, device="cuda")[:16]
+    slots = page_ids * 16 + torch.randint(0, 16, (16,), generator=gen, device="cuda")
+    caches = [torch.randn(pages, 16, kv_heads, 128, generator=gen, device="cuda").to(dtype)
+              for _ in range(2)]  # fmt: skip
+    summary = PageSummary.empty(pages, kv_heads, 128, "cuda", score="quest", dtype=dtype)
+    ref_caches = [c.clone() for c in caches]
+    ref_summary = PageSummary(None, summary.k_min.clone(), summary.k_max.clone())
+    append_kv(*caches, k, v, slots, summary, backend="triton")
+    append_kv(*ref_caches, k, v, slots, ref_summary, backend="torch")
+    assert all(torch.equal(a, b) for a, b in zip(caches, ref_caches, strict=True))
+    assert torch.equal(summary.k_min, ref_summary.k_min)
+    assert torch.equal(summary.k_max, ref_summary.k_max)
+    lens = torch.tensor([32768 - 5, 4000, 700, 40] * 4, dtype=torch.int32, device="cuda")
+    budgets = torch.full((16,), 128, dtype=torch.int32, device="cuda")
+    table = torch.randperm(16 * 2048, device="cuda").view(16, 2048).int()
+    scores = torch.randn(16, kv_heads, 2048, generator=gen, device="cuda")
+    plan = selection_plan(table, lens, budgets, page_size=16, num_sink=1, num_recent=2)
+    rule = dict(page_size=16, num_sink=1, num_recent=2)
+    ref_sel = select_from_scores(scores, lens, budgets, plan=plan, **rule)
+    sel = select_pages_triton(
+        scores, table, lens, budgets, plan.num_selected, plan.max_selected, **rule
+    )
+    assert torch.equal(sel.logical_pages, ref_sel.logical_pages)
+    assert torch.equal(sel.physical_pages, ref_sel.physical_pages)

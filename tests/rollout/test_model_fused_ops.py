@@ -1,5 +1,6 @@
-"""The model's fused RMSNorm (+ residual) and q/k norm + RoPE path (used on CUDA for bf16/fp16)
-against its torch path, on CPU through the Triton interpreter: the same forward either way."""
+"""The model's fused RMSNorm (+ residual), q/k norm + RoPE (bf16/fp16) and SwiGLU kernels (used
+with the Triton backend) against its torch path, on CPU through the Triton interpreter: the same
+forward either way."""
 
 import pytest
 import torch
@@ -31,13 +32,13 @@ def causal_attend(layer, q, k, v):
 def test_fused_forward_equals_torch_forward(family, request):
     lm = request.getfixturevalue(family)
     model = DecoderModel(lm.model.config, lm.model.state_dict(), torch.bfloat16, "cpu")
-    assert not model.fused_norm_rope  # CPU: the torch ops by default
+    assert not model.fused_norm_rope and not model.fused_silu_mul  # CPU: the torch ops by default
     ids = torch.randint(
         3, lm.model.config.vocab_size, (11,), generator=torch.Generator().manual_seed(0)
     )
     positions = torch.arange(11)
     torch_hidden = model._forward(ids, positions, causal_attend)  # (N, hidden)
-    model.fused_norm_rope = True
+    model.fused_norm_rope = model.fused_silu_mul = True
     fused_hidden = model._forward(ids, positions, causal_attend)
     # The interpreter truncates bf16 casts (compiled kernels round): a few bf16 steps apart.
     scale = torch_hidden.float().abs().max()
@@ -64,8 +65,8 @@ class KernelOpCounter(TorchDispatchMode):
 
 
 def test_fused_path_cuts_the_ops_of_norms_rope_and_residuals(tiny_qwen3, monkeypatch):
-    """Three fused launches replace the ~30 ops of three bf16 RMSNorms, RoPE and the two
-    residual adds per layer (the kernels are stubbed: only what the model itself launches)."""
+    """Four fused launches replace the ~32 ops of three bf16 RMSNorms, RoPE, the two residual
+    adds and SwiGLU per layer (the kernels are stubbed: only what the model itself launches)."""
     launches = []
 
     def norm_stub(x, weight, eps, residual=None):
@@ -76,6 +77,11 @@ def test_fused_path_cuts_the_ops_of_norms_rope_and_residuals(tiny_qwen3, monkeyp
         launches.append("qk_norm_rope")
         return torch.empty(qk.shape, dtype=qk.dtype)
 
+    def silu_stub(gate_up):
+        launches.append("silu_mul")
+        return torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
+
+    monkeypatch.setattr(model_module, "silu_mul", silu_stub)
     monkeypatch.setattr(model_module, "add_rms_norm", norm_stub)
     monkeypatch.setattr(model_module, "qk_norm_rope", rope_stub)
     config = tiny_qwen3.model.config
@@ -84,10 +90,13 @@ def test_fused_path_cuts_the_ops_of_norms_rope_and_residuals(tiny_qwen3, monkeyp
     ids, positions = torch.tensor([5, 6, 7]), torch.arange(3)
     per_layer = {}
     for fused in (False, True):
-        model.fused_norm_rope = fused
+        model.fused_norm_rope = model.fused_silu_mul = fused
         launches.clear()
         with KernelOpCounter() as counter:
             model._forward(ids, positions, lambda layer, q, k, v: q)
         per_layer[fused] = (counter.count + len(launches)) / layers
-    assert len(launches) == 3 * layers  # input norm (+ residual), post norm + residual, q/k
-    assert per_layer[False] >= 35 and per_layer[True] <= 13, per_layer
+    # input norm (+ residual), post norm + residual, q/k norm + RoPE, SwiGLU
+    assert len(launches) == 4 * layers
+    # fused: 11.25 (the four kernels, the projections as this counter sees them, the embedding
+    # and head spread over the layers); an unfused SwiGLU alone would add one per layer
+    assert per_layer[False] >= 37 and per_layer[True] <= 11.5, per_layer
