@@ -5,8 +5,13 @@
 
 Each step the scheduler picks a prefill or a decode batch, the model runner computes logits, the
 sampler draws one token per sequence, and finished sequences (EOS, a stop token or string, max
-tokens) release their pages. Decode attention is block-sparse with a per-sequence budget from
-`schedule(context_tokens) -> pages` (None, or a None budget: dense). `score` teacher-forces given
+tokens) release their pages. When a call's prompts all start with the same whole KV pages (a
+few-shot prefix; `share_prefix`), generate computes those once, holds them for the call, and
+prefills each prompt only from there, against the cached prefix K/V: the same tokens and
+log-probs as full prefills up to fp32 rounding (seeded sampling: when the steps hold the same
+sequences; prefill steps fit more prompts when only their tails count). Decode attention is
+block-sparse with a per-sequence budget from `schedule(context_tokens) -> pages` (None, or a
+None budget: dense). `score` teacher-forces given
 completions through the same paths, to compare the engine's policy with another one.
 `set_lora` adds an unmerged low-rank delta that acts only on sparsely decoded tokens (budget <
 pages), in generate and score alike: DistillSparse's gated adapter.

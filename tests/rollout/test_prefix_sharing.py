@@ -134,3 +134,37 @@ def test_every_page_is_free_after_the_call_also_when_it_fails(lively_llama, monk
         engine.generate(prompts, GREEDY, n=2)
     bm = made[-1].block_manager
     assert bm.num_free_pages == bm.num_pages and not any(map(bm.ref_count, range(bm.num_pages)))
+
+
+@pytest.mark.slow
+def test_smollm2_few_shot_prompts_match_full_prefills():
+    """The real model on the few-shot task's prompts (a ~224-token shared prefix): greedy, seeded
+    sampling, a sparse budget and a preempting pool all give the same tokens as full prefills."""
+    from sparrow.models.loading import ModelConfig, load_model
+    from sparrow.tasks.generators import TaskConfig, generate_tasks
+
+    lm = load_model(ModelConfig("smollm2-135m-instruct"))
+    tasks = generate_tasks(TaskConfig(few_shot=3, num_heldout=6), "heldout")
+    template = lm.tokenizer.apply_chat_template
+    prompts = [
+        list(template(t["prompt"], add_generation_prompt=True, return_dict=True)["input_ids"])
+        for t in tasks
+    ]
+    assert shared_prefix_tokens(prompts, 16) >= 12 * 16
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+
+    def run(share, params, schedule=None, num_pages=256):
+        cfg = EngineConfig(num_pages=num_pages, share_prefix=share, seed=5)
+        engine = LLMEngine(lm.model, lm.tokenizer, cfg, schedule=schedule)
+        return engine.generate(prompts, params), engine.last_stats
+
+    reference = run(False, greedy)[0]
+    assert_same(run(True, greedy)[0], reference)
+    assert_same(run(True, sampled)[0], run(False, sampled)[0])
+    sparse = [run(share, greedy, schedule=lambda context_tokens: 6)[0] for share in (True, False)]
+    assert_same(*sparse)
+    # 6 sequences need 14 prefix pages + 3 of their own each: 28 pages preempt.
+    preempted, stats = run(True, greedy, num_pages=28)
+    assert stats.num_preemptions > 0
+    assert_same(preempted, reference)
