@@ -1,6 +1,7 @@
 """`sparrow-bench <name> [args]`: dispatch to a benchmark module's `main(argv)`.
 
     sparrow-bench kernel [--help]    paged sparse vs dense decode: time, bytes, HBM fraction
+    sparrow-bench prefix [--help]    generate on few-shot prompts, shared prefix on vs off
     sparrow-bench rollout [--help]   engine vs HF generate; sparse vs dense decode and p5
     sparrow-bench step [--help]      one GRPO step, sparse vs dense rollouts: phases, speedups
 
@@ -16,6 +17,7 @@ from sparrow.cli.errors import run_main
 COMMANDS = {
     "decode": "sparrow.bench.decode",  # one decode step: launches per layer, host syncs, page table
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
+    "prefix": "sparrow.bench.prefix",  # generate on few-shot prompts, shared prefix on vs off
     "rollout": "sparrow.bench.rollout",  # engine vs HF generate; sparse vs dense decode + p5
     "step": "sparrow.bench.step",  # one GRPO step, sparse vs dense rollouts: phases, speedups
 }

@@ -5,8 +5,13 @@
 
 Each step the scheduler picks a prefill or a decode batch, the model runner computes logits, the
 sampler draws one token per sequence, and finished sequences (EOS, a stop token or string, max
-tokens) release their pages. Decode attention is block-sparse with a per-sequence budget from
-`schedule(context_tokens) -> pages` (None, or a None budget: dense). `score` teacher-forces given
+tokens) release their pages. When a call's prompts all start with the same whole KV pages (a
+few-shot prefix; `share_prefix`), generate computes those once, holds them for the call, and
+prefills each prompt only from there, against the cached prefix K/V: the same tokens and
+log-probs as full prefills up to fp32 rounding (seeded sampling: when the steps hold the same
+sequences; prefill steps fit more prompts when only their tails count). Decode attention is
+block-sparse with a per-sequence budget from `schedule(context_tokens) -> pages` (None, or a
+None budget: dense). `score` teacher-forces given
 completions through the same paths, to compare the engine's policy with another one.
 `set_lora` adds an unmerged low-rank delta that acts only on sparsely decoded tokens (budget <
 pages), in generate and score alike: DistillSparse's gated adapter.
@@ -57,6 +62,9 @@ class EngineConfig:
     # Replay decode steps from CUDA graphs captured per step shape (batch, pages and budget padded
     # to buckets); CUDA with the Triton backend only. Eager when an unmerged LoRA gates rows.
     cuda_graphs: bool = False
+    # generate: compute the whole KV pages that all of a call's (two or more distinct) prompts
+    # start with once, and prefill each prompt only from there (few-shot prompts share ~90%).
+    share_prefix: bool = True
 
 
 @dataclass
@@ -144,46 +152,81 @@ class LLMEngine:
             for j in range(n)
         ]
         scheduler = self._new_scheduler()
-        for seq in seqs:
-            scheduler.add(seq)
-        records = TokenRecords(
-            len(seqs), params.max_tokens, self.cfg.topk_logprobs, self.runner.device
-        )
-        stop_ids = set(params.stop_token_ids)
-        eos_ids = set() if params.ignore_eos else set(self.eos_token_ids)
         tracked = any(s is not None for s in schedules)  # page summaries serve sparse decode only
         bar = tqdm(total=len(seqs), desc="generate", unit="seq", disable=not progress)
         stats = GenerateStats()
-        while not scheduler.is_finished():
-            start = time.perf_counter()
-            batch = scheduler.schedule()
-            step_seqs, logits, budgets = self._forward(batch, tracked)
-            sampled = self.sampler(logits, params.temperature, params.top_p, params.top_k)
-            records.write(
-                [s.seq_id for s in step_seqs],
-                [len(s.completion_ids) for s in step_seqs],
-                sampled,
-                budgets,
-                [s.num_tokens for s in step_seqs],
+        for seq in seqs:
+            scheduler.add(seq)
+        try:
+            self._prefill_prefix(scheduler.block_manager, prompts, tracked, stats)
+            records = TokenRecords(
+                len(seqs), params.max_tokens, self.cfg.topk_logprobs, self.runner.device
             )
-            if kept is not None:  # positions: the tokens are appended just below
-                kept.append(
-                    [s.seq_id for s in step_seqs],
-                    [len(s.completion_ids) for s in step_seqs],
-                    logits,
-                )
-            for seq, token in zip(step_seqs, sampled.token_ids.tolist(), strict=True):
-                seq.completion_ids.append(token)
-                reason = self._stop_reason(seq, token, params, stop_ids, eos_ids)
-                if reason is not None:
-                    scheduler.finish(seq, reason)
-                    bar.update(1)
-            stats.add_step(batch, time.perf_counter() - start)
-            bar.set_postfix(decode_tok_s=f"{stats.decode_tok_s:.1f}", refresh=False)
-        bar.close()
+            while not scheduler.is_finished():
+                self._step(scheduler, params, records, kept, tracked, stats, bar)
+        finally:  # a failed call leaves no page held
+            scheduler.abort()
+            scheduler.block_manager.release_prefix()
+            bar.close()
         stats.num_preemptions = scheduler.num_preemptions
         self.last_stats = stats
         return [self._output(s, n, records, kept) for s in seqs]
+
+    def _step(
+        self,
+        scheduler: Scheduler,
+        params: SamplingParams,
+        records: TokenRecords,
+        kept: LogitsStore | None,
+        tracked: bool,
+        stats: GenerateStats,
+        bar,
+    ) -> None:
+        """One scheduled prefill or decode step of generate, its tokens sampled and recorded."""
+        start = time.perf_counter()
+        batch = scheduler.schedule()
+        step_seqs, logits, budgets = self._forward(batch, tracked)
+        sampled = self.sampler(logits, params.temperature, params.top_p, params.top_k)
+        records.write(
+            [s.seq_id for s in step_seqs],
+            [len(s.completion_ids) for s in step_seqs],
+            sampled,
+            budgets,
+            [s.num_tokens for s in step_seqs],
+        )
+        if kept is not None:  # positions: the tokens are appended just below
+            kept.append(
+                [s.seq_id for s in step_seqs],
+                [len(s.completion_ids) for s in step_seqs],
+                logits,
+            )
+        stop_ids = set(params.stop_token_ids)
+        eos_ids = set() if params.ignore_eos else set(self.eos_token_ids)
+        for seq, token in zip(step_seqs, sampled.token_ids.tolist(), strict=True):
+            seq.completion_ids.append(token)
+            reason = self._stop_reason(seq, token, params, stop_ids, eos_ids)
+            if reason is not None:
+                scheduler.finish(seq, reason)
+                bar.update(1)
+        stats.add_step(batch, time.perf_counter() - start)
+        bar.set_postfix(decode_tok_s=f"{stats.decode_tok_s:.1f}", refresh=False)
+
+    def _prefill_prefix(
+        self, bm: BlockManager, prompts: list[list[int]], tracked: bool, stats: GenerateStats
+    ) -> None:
+        """Hold and prefill the pages of the prompts' shared prefix (`shared_prefix_tokens`),
+        if any and `share_prefix`; the scheduler's prefills then start after it."""
+        if not self.cfg.share_prefix:
+            return
+        num_tokens = shared_prefix_tokens(prompts, self.cfg.page_size)
+        if num_tokens == 0:
+            return
+        start = time.perf_counter()
+        prefix = Sequence(len(prompts), len(prompts), prompts[0][:num_tokens], max_tokens=1)
+        prefix.page_table = bm.hold_prefix(prefix.prompt_ids)
+        self.runner.prefill([[prefix]], tracked)  # its logits predict nothing anyone samples
+        stats.prefill_s += time.perf_counter() - start
+        stats.prefill_tokens += num_tokens
 
     def score(
         self,
@@ -312,6 +355,19 @@ class LLMEngine:
             num_preemptions=seq.num_preemptions,
             logits=None if kept is None else kept.output(seq.seq_id, len(seq.completion_ids)),
         )
+
+
+def shared_prefix_tokens(prompts: list[list[int]], page_size: int) -> int:
+    """Length of the longest prefix all prompts share, in whole pages, that leaves every prompt
+    at least one token of its own (its last token's logits come from its own prefill); 0 when
+    below one page or when the prompts are all the same (samples of one prompt share already)."""
+    first = prompts[0]
+    if all(p == first for p in prompts):
+        return 0
+    common = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        common = next((i for i in range(common) if p[i] != first[i]), common)
+    return common // page_size * page_size
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

@@ -233,18 +233,30 @@ class DecoderModel:
         kv: PagedKVCache,
         meta: PrefillMetadata,
     ) -> Tensor:
-        """input_ids, positions (N,) of concatenated prompts -> logits (G, V) fp32 at last_rows."""
+        """input_ids, positions (N,) of concatenated prompts -> logits (G, V) fp32 at last_rows.
+        A group with context slots in `meta` (its first C tokens, cached) holds only its tokens
+        C.. here (positions C..), which attend to the cached K/V of the first C, then causally to
+        their own."""
         scale = self.shape.head_dim**-0.5
+        contexts = meta.context_slots or [None] * len(seq_bounds)
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             kv.write_prefill(layer, k, v, meta)
             outs = []
-            for start, end in seq_bounds:
-                qs = q[start:end].transpose(0, 1)[None]  # (1, H_q, L, D)
-                ks = k[start:end].transpose(0, 1)[None]  # (1, H_kv, L, D)
-                vs = v[start:end].transpose(0, 1)[None]  # (1, H_kv, L, D)
+            for (start, end), context in zip(seq_bounds, contexts, strict=True):
+                ks, vs, mask = k[start:end], v[start:end], None  # (L, H_kv, D)
+                if context is not None:
+                    k_ctx, v_ctx = kv.read_slots(layer, context)  # (C, H_kv, D) each
+                    ks, vs = torch.cat([k_ctx, ks]), torch.cat([v_ctx, vs])  # (C + L, H_kv, D)
+                    mask = _causal_after(end - start, context.numel(), q.device)  # (L, C + L)
                 o = F.scaled_dot_product_attention(
-                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+                    q[start:end].transpose(0, 1)[None],  # (1, H_q, L, D)
+                    ks.transpose(0, 1)[None],  # (1, H_kv, C + L, D)
+                    vs.transpose(0, 1)[None],
+                    attn_mask=mask,
+                    is_causal=mask is None,
+                    scale=scale,
+                    enable_gqa=True,
                 )  # (1, H_q, L, D)
                 outs.append(o[0].transpose(0, 1))  # (L, H_q, D)
             return torch.cat(outs) if len(outs) > 1 else outs[0]  # (N, H_q, D)
@@ -337,3 +349,10 @@ class DecoderModel:
     def _logits(self, hidden: Tensor) -> Tensor:
         hidden = self._add_norm(hidden, None, self.final_norm)[1]
         return self.linear(hidden, self.lm_head).float()  # (B, V)
+
+
+def _causal_after(num_new: int, num_context: int, device) -> Tensor:
+    """(num_new, num_context + num_new) bool: new token i sees the whole context and new tokens
+    0..i (SDPA's is_causal aligns the diagonal top-left, wrong when keys outnumber queries)."""
+    mask = torch.ones(num_new, num_context + num_new, dtype=torch.bool, device=device)
+    return mask.tril(diagonal=num_context)

@@ -4,9 +4,10 @@ Holds the engine's copy of the weights (model.py) and its paged KV cache (paged_
 both allocated once. `prefill` takes groups of sequences with identical tokens (the samples of a
 prompt, or one recomputed sequence): the tokens of each group go through the model once; the K/V
 of full pages are written once into the group's shared pages and those of the partial last page
-into every member's private page. `decode` runs one token per sequence with the per-sequence
-budgets (None: dense); with an unmerged LoRA set on the model, only the rows whose budget drops
-pages add its delta (DistillSparse's gated mode). Run under torch.inference_mode.
+into every member's private page. Tokens already cached on a prefix's pages are not recomputed.
+`decode` runs one token per sequence with the per-sequence budgets (None: dense); with an
+unmerged LoRA set on the model, only the rows whose budget drops pages add its delta
+(DistillSparse's gated mode). Run under torch.inference_mode.
 
 Decode is planned, then run: the step's metadata comes from the persistent `DecodePlan`
 (decode_plan.py, updated by what changed since the previous step), and the forward reads no
@@ -90,44 +91,51 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, groups: list[list[Sequence]], update_summaries: bool) -> Tensor:
-        """Logits (G, V) fp32 after the last token of each group. `update_summaries`: keep the
-        sparse layers' page summaries current (needed when a schedule is set)."""
+        """Logits (G, V) fp32 after the last token of each group. A group whose sequences have
+        `num_cached_tokens` C > 0 (a prefix on their first pages) computes only tokens C.., which
+        attend to the cached K/V of the first C. `update_summaries`: keep the sparse layers'
+        page summaries of the pages written current (needed when a schedule is set)."""
         ps = self.page_size
         ids, kv_rows, slots, page_ids, fills = [], [], [], [], []
-        bounds, last_rows, start = [], [], 0
+        positions, contexts, bounds, last_rows, start = [], [], [], [], 0
         for group in groups:
             tokens = group[0].token_ids
             length = len(tokens)
-            num_full = length // ps
+            cached = group[0].num_cached_tokens  # whole pages already in the cache (a prefix)
+            first, num_full = cached // ps, length // ps
             shared = num_full * ps  # tokens on pages every member of the group holds
+            new = length - cached  # tokens this prefill computes
             table = torch.tensor(group[0].page_table[:num_full], dtype=torch.int64)  # (F,)
-            rows = torch.arange(shared)  # (F * PAGE,)
-            ids.append(torch.tensor(tokens, dtype=torch.int64))
-            kv_rows.append(start + rows)
+            rows = torch.arange(cached, shared)  # token index of each new token on a full page
+            ids.append(torch.tensor(tokens[cached:], dtype=torch.int64))
+            positions.append(torch.arange(cached, length))  # (new,)
+            kv_rows.append(start + rows - cached)
             slots.append(table[rows // ps] * ps + rows % ps)
-            page_ids.append(table)
-            fills.append(torch.full((num_full,), ps, dtype=torch.int64))
+            page_ids.append(table[first:])
+            fills.append(torch.full((num_full - first,), ps, dtype=torch.int64))
             if length > shared:
                 tail = torch.arange(length - shared)  # offsets in the partial page
                 for seq in group:
                     page = seq.page_table[num_full]
-                    kv_rows.append(start + shared + tail)
+                    kv_rows.append(start + shared - cached + tail)
                     slots.append(page * ps + tail)
                     page_ids.append(torch.tensor([page]))
                     fills.append(torch.tensor([length - shared]))
-            bounds.append((start, start + length))
-            last_rows.append(start + length - 1)
-            start += length
-        positions = torch.cat([torch.arange(b - a) for a, b in bounds])  # (N,)
+            context = (table[:first, None] * ps + torch.arange(ps)).reshape(-1)  # (cached,)
+            contexts.append(self._to(context) if cached else None)
+            bounds.append((start, start + new))
+            last_rows.append(start + new - 1)
+            start += new
         meta = PrefillMetadata(
             kv_rows=self._to(torch.cat(kv_rows)),
             slot_mapping=self._to(torch.cat(slots)),
             page_ids=self._to(torch.cat(page_ids)),
             fill_counts=self._to(torch.cat(fills)),
+            context_slots=contexts if any(c is not None for c in contexts) else None,
         )
         logits = self.model.prefill(
             self._to(torch.cat(ids)),
-            self._to(positions),
+            self._to(torch.cat(positions)),
             bounds,
             self._to(torch.tensor(last_rows)),
             self.kv,

@@ -61,6 +61,9 @@ class PrefillMetadata:
     slot_mapping: Tensor  # (M,) int64, cache slot (page * page_size + offset) of each such row
     page_ids: Tensor  # (P,) int64, physical pages written, for the summaries
     fill_counts: Tensor  # (P,) int64, valid tokens in each of them
+    # Per group, cache slots (C,) int64 of its first C tokens, already cached (a shared prefix):
+    # the group's new tokens attend to them before their own. None (or a None entry): no context.
+    context_slots: list[Tensor | None] | None = None
 
 
 @dataclass
@@ -185,6 +188,12 @@ class PagedKVCache:
         if self.dense_copy is not None:
             self.dense_copy.invalidate()
         write_kv(self.k[layer], self.v[layer], k[meta.kv_rows], v[meta.kv_rows], meta.slot_mapping)
+
+    def read_slots(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """K, V (C, H_kv, D) of layer `layer` at cache slots `slots` (C,) (page * PAGE + offset)."""
+        k_flat = self.k[layer].view(-1, *self.k.shape[3:])  # (P * PAGE, H_kv, D)
+        v_flat = self.v[layer].view(-1, *self.v.shape[3:])  # (P * PAGE, H_kv, D)
+        return k_flat[slots], v_flat[slots]
 
     @torch.inference_mode()
     def update_summaries(self, page_ids: Tensor, fill_counts: Tensor) -> None:

@@ -5,7 +5,8 @@ over every running sequence. Fresh samples of the same prompt are prefilled as o
 shares the prompt's full KV pages. When a decode step runs out of pages the youngest running
 sequence is preempted: its pages are freed and it goes back to the front of the waiting queue, to
 be recomputed by a prefill over its prompt + generated tokens. A request that cannot fit in the
-pool even alone is refused when it is added. Torch-free.
+pool even alone is refused when it is added. Tokens on the block manager's held prefix cost
+neither pages nor prefill tokens: a group's prefill computes only those after it. Torch-free.
 """
 
 from collections import deque
@@ -63,6 +64,13 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
+    def abort(self) -> None:
+        """Free the pages of every unfinished sequence (a failed call), leaving them unfinished."""
+        for seq in self.running:
+            self.block_manager.free(seq)
+        self.running = []
+        self.waiting.clear()
+
     def _schedule_prefill(self) -> PrefillBatch | None:
         bm = self.block_manager
         # Keep the pages running sequences need for their next decode step, so that admitting new
@@ -73,9 +81,10 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_batch_size:
             siblings = self._leading_group(self.max_batch_size - len(self.running))
             length = siblings[0].num_tokens
-            if groups and num_tokens + length > self.max_prefill_tokens:
+            cached = bm.cached_tokens(siblings[0])
+            if groups and num_tokens + length - cached > self.max_prefill_tokens:
                 break
-            k = bm.max_group_size(length, len(siblings), reserve)
+            k = bm.max_group_size(length, len(siblings), reserve, cached)
             if k == 0:
                 break
             group = [self.waiting.popleft() for _ in range(k)]
@@ -84,7 +93,7 @@ class Scheduler:
                 seq.status = SequenceStatus.RUNNING
             self.running.extend(group)
             groups.append(group)
-            num_tokens += length
+            num_tokens += length - cached
         return PrefillBatch(groups) if groups else None
 
     def _leading_group(self, limit: int) -> list[Sequence]:

@@ -27,6 +27,9 @@ class Sequence:
     page_table: list[int] = field(default_factory=list)  # physical page of each logical page
     finish_reason: str | None = None  # "eos" | "stop" | "length" once finished
     num_preemptions: int = 0  # times its pages were freed and its tokens recomputed
+    # Leading tokens whose K/V already sat in cache pages when it was prefilled (the call's shared
+    # prefix, a whole number of pages): its prefill computes only the tokens after them.
+    num_cached_tokens: int = 0
     schedule: Callable[[int], int | None] | None = None  # context tokens -> pages; None: dense
 
     @property
