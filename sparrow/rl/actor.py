@@ -6,11 +6,12 @@ trainer: dense log-probs (of the given tokens and the top-K per position) with t
 a list of micro-batches whose loss is already normalised by the global token count of the step.
 It also gathers full weights for the rollout engine's sync, saves/loads DeepSpeed checkpoints and
 exports the policy as an HF model directory. Given the GRPO group structure (`prompt_lens`,
-`group_ids`) and `share_prompts`, both passes compute each group's prompt once per micro-batch
-(sparrow.rl.policy_logprobs). Micro-batches (`micro_batches`, sparrow.rl.micro_batches) hold
-whole groups of `micro_batch_size` rows, or up to `max_tokens_per_micro_batch` decoder tokens,
-splitting a group that does not fit (long contexts); with `activation_checkpointing` the decoder
-layers are recomputed in backward (sparrow.rl.activation_checkpointing).
+`group_ids`) and `share_prompts`, both passes compute each group's prompt once per micro-batch,
+and with `share_prefix` the prefix common to all its groups once (sparrow.rl.policy_logprobs).
+Micro-batches (`micro_batches`, sparrow.rl.micro_batches) hold whole groups of
+`micro_batch_size` rows, or up to `max_tokens_per_micro_batch` decoder tokens, splitting a group
+that does not fit (long contexts); with `activation_checkpointing` the decoder layers are
+recomputed in backward (sparrow.rl.activation_checkpointing).
 
 Conventions: every per-token output is aligned to the position of the token it describes
 (position 0 has no prediction and is 0), as in `sparrow.rl.batch.RolloutBatch`. The policy runs in
@@ -103,7 +104,7 @@ class DenseActor:
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg))
         self.engine, _, _, _ = deepspeed.initialize(
-            model=PolicyWithLogprobs(model, cfg.logprob_chunk_tokens),
+            model=PolicyWithLogprobs(model, cfg.logprob_chunk_tokens, cfg.share_prefix),
             optimizer=optimizer,
             lr_scheduler=scheduler,
             config=self._deepspeed_config(),

@@ -22,6 +22,9 @@ class ActorConfig:
     total_steps: int = 1000  # optimizer steps of the whole run (cosine schedule length)
     logprob_chunk_tokens: int = 1024  # (sequences x positions) per lm_head chunk: bounds logits
     share_prompts: bool = True  # compute a GRPO group's prompt once per pass, not G times (exact)
+    # With share_prompts: also compute the token prefix common to all groups of a micro-batch
+    # (few-shot examples, system prompt) once per pass, not once per group (exact).
+    share_prefix: bool = True
 
     def __post_init__(self):
         if self.zero_stage not in (0, 1, 2, 3):

@@ -12,9 +12,13 @@ every weight. Two layouts of the same computation:
   the cache layout keeps HF's own causal/padding masks and any attention kernel (SDPA, flash),
   and its completion attention costs (G, C, P + C), where a packed block mask is a dense
   (P + G C)^2 tensor that long contexts cannot afford.
+  With `share_prefix`, one level more: the token prefix common to all groups' prompts of the
+  micro-batch (a system prompt and few-shot examples) runs once (1, S) into the cache, which is
+  indexed out to the groups before their own prompt tokens (g, P - S) run on it: S + g (P - S)
+  prompt tokens instead of g P, and the prefix positions are scored once.
 Every output is (B, T) aligned to the token it describes (position 0 and padding are 0): the
 losses and the monitor read the same tensors in both layouts. Prompt positions are scored once
-per group and copied to its rows.
+per group (prefix positions once per micro-batch) and copied to its rows.
 """
 
 import inspect
@@ -32,10 +36,11 @@ Scores = tuple[Tensor, Tensor, Tensor, Tensor]  # LogprobOutput's fields, in its
 class PolicyWithLogprobs(nn.Module):
     """The HF model plus a chunked lm_head, as one module so DeepSpeed's hooks see every call."""
 
-    def __init__(self, lm: nn.Module, chunk_tokens: int):
+    def __init__(self, lm: nn.Module, chunk_tokens: int, share_prefix: bool = True):
         super().__init__()
         self.lm = lm
         self.chunk_tokens = chunk_tokens
+        self.share_prefix = share_prefix  # group-shared layout: also share the groups' prefix
 
     def forward(
         self,
@@ -86,11 +91,15 @@ class PolicyWithLogprobs(nn.Module):
         seq_len = input_ids.shape[1]
         device = input_ids.device
         shared = group_shared_hidden(
-            self.lm.get_decoder(), input_ids, attention_mask, prompt_lens, group_ids
+            self.lm.get_decoder(),
+            input_ids,
+            attention_mask,
+            prompt_lens,
+            group_ids,
+            self.share_prefix,
         )
-        prompt_ids = input_ids[shared.first_row, : shared.prompt_hidden.shape[1]]  # (g, P)
-        prompt_scores = self._score(
-            shared.prompt_hidden[:, :-1], prompt_ids[:, 1:], topk, temperature
+        prompt_scores = self._prompt_scores(
+            shared, input_ids[shared.first_row], topk, temperature
         )  # (g, P - 1, ...)
         max_completion = int(shared.completion_lens.max())
         offsets = torch.arange(max_completion, device=device)  # (C,)
@@ -115,6 +124,30 @@ class PolicyWithLogprobs(nn.Module):
             picked = torch.where(_expand_as(in_prompt, from_prompt), from_prompt, from_completion)
             out.append(_masked(picked, in_prompt | in_completion))  # (b, T, ...)
         return tuple(out)
+
+    def _prompt_scores(
+        self, shared: "GroupShared", group_ids: Tensor, topk: int, temperature: float
+    ) -> Scores:
+        """Scores of prompt positions 1 .. P-1 of each group (g, P - 1, ...) from the hidden
+        states of `group_shared_hidden`, for the groups' rows `group_ids` (g, T). The common
+        prefix's positions are scored once and expanded to the groups, except its last hidden
+        state, which predicts each group's first token of its own, so is scored per group."""
+        prefix_len = shared.prefix_hidden.shape[1]
+        num_groups, own_len = shared.prompt_hidden.shape[:2]
+        prefix_scores = self._score(
+            shared.prefix_hidden[:, :-1], group_ids[:1, 1:prefix_len], topk, temperature
+        )  # (1, S - 1, ...), all groups' tokens 1 .. S-1
+        own_hidden = torch.cat(
+            [shared.prefix_hidden[:, -1:].expand(num_groups, -1, -1), shared.prompt_hidden], 1
+        )[:, :-1]  # (g, P - max(S, 1), H)
+        first = max(prefix_len, 1)
+        own_scores = self._score(
+            own_hidden, group_ids[:, first : prefix_len + own_len], topk, temperature
+        )  # (g, P - max(S, 1), ...)
+        return tuple(
+            torch.cat([p.expand(num_groups, *p.shape[1:]), o], 1)
+            for p, o in zip(prefix_scores, own_scores, strict=True)
+        )
 
     def _score(self, hidden: Tensor, targets: Tensor, topk: int, temperature: float) -> Scores:
         """Scores of `targets` (n, L) from the hidden states predicting them (n, L, H), with at
@@ -146,9 +179,11 @@ class PolicyWithLogprobs(nn.Module):
 
 
 class GroupShared(NamedTuple):
-    """What `group_shared_hidden` returns; g groups, b rows."""
+    """What `group_shared_hidden` returns; g groups, b rows, a prefix of S tokens common to
+    every group's prompt (S = 0 when not shared), prompts right-padded to the longest (P)."""
 
-    prompt_hidden: Tensor  # (g, P, H) each group's prompt, right-padded to the longest
+    prefix_hidden: Tensor  # (1, S, H) the prompt prefix common to every group, computed once
+    prompt_hidden: Tensor  # (g, P - S, H) each group's prompt after the common prefix
     hidden: Tensor  # (b, 1 + F, H): column j predicts the row's completion token j
     first_row: Tensor  # (g,) the first row of each group
     row_group: Tensor  # (b,) the group of each row
@@ -161,15 +196,21 @@ def group_shared_hidden(
     attention_mask: Tensor,
     prompt_lens: Tensor,
     group_ids: Tensor,
+    share_prefix: bool = True,
 ) -> GroupShared:
     """Final hidden states of right-padded rows (b, T) whose consecutive rows with the same
-    group id share their prompt: the decoder runs once over each group's prompt (g, P) into a KV
-    cache, the cache is indexed out to the group's rows (differentiable: the prompt's K/V gets
-    every row's gradient) and the completions attend to it.
+    group id share their prompt, in up to three decoder passes over one KV cache:
+    1. with `share_prefix`, the longest token prefix common to all groups' prompts (S tokens,
+       leaving each group at least one prompt token of its own) runs once (1, S), and the cache
+       is indexed out to the g groups;
+    2. each group's prompt after the prefix (g, P - S) runs on it, positions offset by S;
+    3. the cache is indexed out to the group's rows and the completions (b, F) run on it.
+    Each indexing is differentiable: a prefix's K/V gets the gradient of everything after it.
 
-    Every call makes the same module calls, two decoder passes, the second over at least one
-    (then masked) token: ZeRO-3 gathers each module's weights per call, and a rank that skipped
-    the second pass (all its completions one token long) would leave the others waiting.
+    Every call makes the same module calls whatever the data: ZeRO-3 gathers each module's
+    weights per call, and a rank that skipped a pass would leave the others waiting. So pass 1
+    runs whenever `share_prefix` is on, over one (then masked) token when the prompts share
+    none, and pass 3 over at least one (then masked) token when all completions are one token.
     """
     seq_len = input_ids.shape[1]
     device = input_ids.device
@@ -177,45 +218,84 @@ def group_shared_hidden(
     starts[1:] = group_ids[1:] != group_ids[:-1]
     first_row = starts.nonzero().squeeze(1)  # (g,)
     row_group = starts.cumsum(0) - 1  # (b,)
+    num_groups = len(first_row)
     completion_lens = attention_mask.sum(1) - prompt_lens  # (b,)
     max_prompt = int(prompt_lens.max())
     # The last completion token predicts nothing: it is not fed.
     fed_len = max(int(completion_lens.max()) - 1, 1)
-
+    prompt_ids = input_ids[first_row, :max_prompt]  # (g, P)
     key_mask = torch.arange(max_prompt, device=device) < prompt_lens[:, None]  # (b, P)
+
     cache = DynamicCache(config=decoder.config)
     cache_kw = cache_keyword(decoder)
+    prefix_len = 0
+    prefix_key_mask = key_mask[first_row, :0]  # (g, 0) the cached prefix keys each group sees
+    prefix_hidden = None
+    if share_prefix:
+        prefix_len = common_prefix_len(prompt_ids, prompt_lens[first_row])
+        # No common token: one token of the first prompt stands in, masked out of every later
+        # query, so that every rank still makes the pass.
+        cached = max(prefix_len, 1)
+        prefix_hidden = decoder(
+            input_ids=prompt_ids[:1, :cached],
+            attention_mask=torch.ones(1, cached, dtype=torch.long, device=device),
+            position_ids=torch.arange(cached, device=device)[None],
+            use_cache=True,
+            **{cache_kw: cache},
+        ).last_hidden_state[:, :prefix_len]  # (1, S, H)
+        _check_cache_filled(cache, cached, decoder, cache_kw)
+        cache.batch_select_indices(torch.zeros_like(first_row))  # the prefix for every group
+        prefix_key_mask = torch.full((num_groups, cached), prefix_len > 0, device=device)
+
+    own_len = max_prompt - prefix_len
     prompt_hidden = decoder(
-        input_ids=input_ids[first_row, :max_prompt],
-        attention_mask=key_mask[first_row].long(),
+        input_ids=prompt_ids[:, prefix_len:],
+        attention_mask=torch.cat([prefix_key_mask, key_mask[first_row, prefix_len:]], 1).long(),
+        position_ids=(prefix_len + torch.arange(own_len, device=device)).expand(num_groups, -1),
         use_cache=True,
         **{cache_kw: cache},
-    ).last_hidden_state  # (g, P, H)
-    # A decoder that ignored the cache (an unknown keyword swallowed by **kwargs) would let the
-    # completions attend to nothing of their prompt: wrong log-probs, silently.
-    if cache.get_seq_length() != max_prompt:
-        raise RuntimeError(
-            f"{type(decoder).__name__} did not fill the KV cache passed as `{cache_kw}` "
-            f"(holds {cache.get_seq_length()} of {max_prompt} prompt tokens): this transformers "
-            "version's cache argument is not supported; set actor.share_prompts=false"
-        )
-    # The last prompt position predicts every row's first completion token.
-    last_prompt = prompt_hidden[row_group, prompt_lens - 1]  # (b, H)
+    ).last_hidden_state  # (g, P - S, H)
+    _check_cache_filled(cache, prefix_key_mask.shape[1] + own_len, decoder, cache_kw)
+    if prefix_hidden is None:
+        prefix_hidden = prompt_hidden[:1, :0]  # (1, 0, H)
+    # The last prompt position (never in the prefix) predicts every row's first completion token.
+    last_prompt = prompt_hidden[row_group, prompt_lens - 1 - prefix_len]  # (b, H)
 
     cache.batch_select_indices(row_group)  # the group's prompt K/V for each of its rows
     offsets = torch.arange(fed_len, device=device)  # (F,)
     positions = prompt_lens[:, None] + offsets  # (b, F) absolute positions of the fed tokens
     fed_mask = offsets < completion_lens[:, None] - 1  # (b, F)
     fed_ids = input_ids.gather(1, positions.clamp(max=seq_len - 1))  # (b, F)
+    completion_keys = [prefix_key_mask[row_group], key_mask[:, prefix_len:], fed_mask]
     completion = decoder(
         input_ids=torch.where(fed_mask, fed_ids, 0),
-        attention_mask=torch.cat([key_mask, fed_mask], 1).long(),
+        attention_mask=torch.cat(completion_keys, 1).long(),
         position_ids=positions,
         use_cache=True,
         **{cache_kw: cache},
     ).last_hidden_state  # (b, F, H)
     hidden = torch.cat([last_prompt[:, None], completion], 1)  # (b, 1 + F, H)
-    return GroupShared(prompt_hidden, hidden, first_row, row_group, completion_lens)
+    return GroupShared(prefix_hidden, prompt_hidden, hidden, first_row, row_group, completion_lens)
+
+
+def common_prefix_len(prompt_ids: Tensor, prompt_lens: Tensor) -> int:
+    """Length of the longest token prefix common to the prompts (g, P) right-padded to lengths
+    (g,), at most the shortest prompt less one token: every group keeps a token of its own,
+    whose hidden state predicts its first completion token."""
+    limit = int(prompt_lens.min()) - 1
+    same = (prompt_ids[:, :limit] == prompt_ids[:1, :limit]).all(0)  # (limit,)
+    return int(same.long().cumprod(0).sum())
+
+
+def _check_cache_filled(cache: DynamicCache, expected: int, decoder: nn.Module, kw: str) -> None:
+    # A decoder that ignored the cache (an unknown keyword swallowed by **kwargs) would let
+    # later tokens attend to nothing of their prompt: wrong log-probs, silently.
+    if cache.get_seq_length() != expected:
+        raise RuntimeError(
+            f"{type(decoder).__name__} did not fill the KV cache passed as `{kw}` "
+            f"(holds {cache.get_seq_length()} of {expected} tokens): this transformers "
+            "version's cache argument is not supported; set actor.share_prompts=false"
+        )
 
 
 def cache_keyword(decoder: nn.Module) -> str:

@@ -16,14 +16,14 @@ def _update(actor, batch):
     return metrics, params, [len(mb["input_ids"]) for mb in micro_batches]
 
 
-def _assert_same_update(a, b):
+def _assert_same_update(a, b, weights_rel: float = 1e-6):
     (m_a, p_a, _), (m_b, p_b, _) = a, b
     assert m_b["skipped"] == 0 and m_b["grad_norm"] > 0
     assert m_b["loss"] == pytest.approx(m_a["loss"], rel=1e-5)
     assert m_b["grad_norm"] == pytest.approx(m_a["grad_norm"], rel=1e-5)
     for name, param in p_a.items():
         rel = (p_b[name] - param).abs().max() / param.abs().max().clamp_min(1e-12)
-        assert rel <= 1e-6, name
+        assert rel <= weights_rel, name
 
 
 @pytest.mark.parametrize("share", [True, False])
@@ -40,7 +40,12 @@ def test_token_budget_split_gives_the_unsplit_update(share):
     )  # fmt: skip
     unsplit, budgeted = _update(whole, batch), _update(split, batch)
     assert unsplit[2] == [7] and len(budgeted[2]) >= 3
-    _assert_same_update(unsplit, budgeted)
+    # With share_prefix the whole batch (two groups sharing no token) and the split one (one
+    # group per micro-batch: a prefix of all but its last prompt token) add the same attention
+    # terms in different orders: ~1e-7 round-off of the gradient, which AdamW's first step
+    # (lr * g / |g|) lifts to ~1.7e-6 of the weights on elements with tiny gradients; a wrong
+    # gradient moves them by ~lr / |w| ~ 5e-4.
+    _assert_same_update(unsplit, budgeted, weights_rel=5e-6 if share else 1e-6)
 
 
 @pytest.mark.parametrize("share", [True, False])
@@ -62,7 +67,7 @@ def test_activation_checkpointing_recomputes_the_layers():
     # A pre-hook: the replay stops as soon as it has every saved tensor, before the MLP returns.
     layer.register_forward_pre_hook(lambda *_: calls.append(torch.is_grad_enabled()))
     logprobs(actor, batch)
-    assert len(calls) == 2  # prompt pass and completion pass, no replay
+    assert len(calls) == 3  # prefix, prompt and completion passes, no replay
     calls.clear()
     _update(actor, batch)
-    assert len(calls) == 4  # both passes, each replayed once in backward
+    assert len(calls) == 6  # the three passes, each replayed once in backward

@@ -135,23 +135,25 @@ def test_shared_prompt_runs_the_decoder_on_fewer_tokens():
     assert counts == {False: 4 * 15, True: 10 + 4 * 4}
 
 
-def test_one_token_completions_still_make_two_decoder_passes():
+@pytest.mark.parametrize(
+    ("share_prefix", "calls"),
+    [(False, [(1, 6), (3, 1)]), (True, [(1, 5), (1, 1), (3, 1)])],  # (prefix,) prompt, fed
+)
+def test_one_token_completions_still_make_every_decoder_pass(share_prefix, calls):
     """A micro-batch whose completions are all one token long feeds one masked token, so every
-    rank makes the same module calls under ZeRO-3; the log-probs still equal the per-row ones."""
+    rank makes the same module calls under ZeRO-3; the log-probs still equal the per-row ones.
+    `share_prefix` reaches the policy: one more pass, over the group's prompt less one token."""
     batch = group_batch([(6, [1, 1, 1])], seed=5)
-    calls, results = {}, {}
-    for share in (False, True):
-        model = tiny_causal_lm("qwen3")
-        seen = []
-        model.get_input_embeddings().register_forward_hook(
-            lambda mod, inp, out, seen=seen: seen.append(inp[0].shape)
-        )
-        cfg = ActorConfig(zero_stage=2, micro_batch_size=4, precision="fp32", share_prompts=share)
-        results[share] = logprobs(DenseActor(model, cfg), batch)
-        calls[share] = seen
-    assert calls[True] == [torch.Size([1, 6]), torch.Size([3, 1])]
-    diff = (results[True].token_logprobs - results[False].token_logprobs).abs().max()
-    assert diff <= 1e-5
+    seen = []
+    model = tiny_causal_lm("qwen3")
+    model.get_input_embeddings().register_forward_hook(
+        lambda mod, inp, out: seen.append(tuple(inp[0].shape))
+    )
+    cfg = ActorConfig(zero_stage=2, micro_batch_size=4, precision="fp32", share_prefix=share_prefix)
+    shared = logprobs(DenseActor(model, cfg), batch)
+    assert seen == calls
+    per_row = logprobs(make_actor("qwen3", False), batch)
+    assert (shared.token_logprobs - per_row.token_logprobs).abs().max() <= 1e-5
 
 
 def test_rows_of_a_group_with_different_prompts_are_refused():
