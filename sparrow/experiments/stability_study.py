@@ -302,18 +302,23 @@ def _status_line(root: Path, run: StudyRun, steps: int) -> str:
     )
 
 
-def _start_background(root: Path, argv: list[str]) -> int:
+def _start_background(
+    root: Path, argv: list[str], module: str = "sparrow.experiments.stability_study"
+) -> int:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "study.log", "a") as log:  # the child holds its own copy of the file
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sparrow.experiments.stability_study", *argv],
+            [sys.executable, "-m", module, *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # survives the terminal; its runs go one after another
             cwd=REPO,
         )
-    print(f"stability study running in the background (pid {proc.pid}); log: {root / 'study.log'}")
+    print(
+        f"{module.rsplit('.', 1)[-1]} running in the background (pid {proc.pid}); "
+        f"log: {root / 'study.log'}"
+    )
     print(f"stop it with: kill {proc.pid}   (re-run the command to continue where it stopped)")
     return 0
 

@@ -1,0 +1,200 @@
+"""The parity study's report (sparrow.experiments.parity_study): a row per run and a row per arm
+from the runs' metrics.jsonl, and plots of reward, held-out accuracy, KV-read and p5 per arm,
+written between markers into docs/parity/README.md."""
+
+import datetime
+import math
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparrow.experiments.stability_table import TABLE_BEGIN, TABLE_END, _rows_by_step, _wall_s
+
+SETTLED_AFTER = 3  # steps the controller needs to leave its start budget; excluded from means
+_P5_BIN = re.compile(r"^accept/p5/bin(\d+)$")
+MIN_TOKENS = 50  # the default controller.min_tokens: a bin's p5 counts from this many tokens
+
+
+@dataclass(frozen=True)
+class ParityRun:
+    name: str
+    arm: str
+    steps_logged: int
+    steps_total: int
+    before: float | None  # held-out accuracy at step 0
+    after: float | None  # at the last evaluation
+    delta: tuple[float, float, float] | None  # after - before, paired 95% CI (as logged)
+    reward: list[float]  # train reward per step
+    kv_read: float | None  # mean over steps after SETTLED_AFTER
+    p5_by_bin: dict[int, float]  # median over steps of each bin's p5 (bins with a p5 logged)
+    # share of steps whose every bin with >= MIN_TOKENS tokens has p5 >= tau - 0.02
+    p5_held: float | None
+    tis_truncated: float | None  # mean share of tokens whose TIS weight was truncated
+    wall_h: float
+
+
+def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> ParityRun:
+    rows = _rows_by_step(root / name)
+    evals = [s for s, r in sorted(rows.items()) if "eval/accuracy" in r]
+    last = rows[evals[-1]] if evals else {}
+    train = [r for s, r in sorted(rows.items()) if s > 0 and "reward/mean" in r]
+    settled = [r for s, r in sorted(rows.items()) if s > SETTLED_AFTER and "reward/mean" in r]
+    p5 = defaultdict(list)
+    held = []
+    for r in settled:
+        bins = {int(m[1]): v for k, v in r.items() if (m := _P5_BIN.match(k)) and _finite(v)}
+        for b, v in bins.items():
+            p5[b].append(v)
+        counted = [v for b, v in bins.items() if r.get(f"accept/count/bin{b}", 0) >= MIN_TOKENS]
+        if counted:
+            held.append(all(v >= tau - 0.02 for v in counted))
+    delta = None
+    if "eval/delta" in last:
+        delta = (last["eval/delta"], last["eval/delta_lo95"], last["eval/delta_hi95"])
+    return ParityRun(
+        name=name,
+        arm=name.rsplit("_s", 1)[0],
+        steps_logged=max((s for s in rows if s > 0), default=0),
+        steps_total=steps,
+        before=rows[evals[0]]["eval/accuracy"] if evals else None,
+        after=last.get("eval/accuracy") if len(evals) > 1 else None,
+        delta=delta,
+        reward=[r["reward/mean"] for r in train],
+        kv_read=_mean([r["kv_read_ratio"] for r in settled if _finite(r.get("kv_read_ratio"))]),
+        p5_by_bin={b: statistics.median(v) for b, v in sorted(p5.items())},
+        p5_held=_mean([float(h) for h in held]),
+        tis_truncated=_mean(
+            [
+                r["update/tis_truncated_frac"]
+                for r in train
+                if _finite(r.get("update/tis_truncated_frac"))
+            ]
+        ),
+        wall_h=_wall_s(root, name) / 3600,
+    )
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _f(value: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def format_runs(runs: list[ParityRun]) -> str:
+    lines = [
+        "| run | steps | held-out before -> after | after - before (95% CI) | train reward "
+        "first 3 -> last 3 | KV-read | p5 per bin (median) | steps p5 >= tau-0.02 | "
+        "TIS truncated | wall (h) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        delta = (
+            "-"
+            if r.delta is None
+            else f"{r.delta[0]:+.3f} ({r.delta[1]:+.3f} to {r.delta[2]:+.3f})"
+        )
+        reward = "-"
+        if r.reward:
+            reward = (
+                f"{statistics.fmean(r.reward[:3]):.3f} -> {statistics.fmean(r.reward[-3:]):.3f}"
+            )
+        p5 = " ".join(f"b{b}:{v:.2f}" for b, v in r.p5_by_bin.items()) or "-"
+        lines.append(
+            f"| {r.name} | {r.steps_logged}/{r.steps_total} | {_f(r.before)} -> {_f(r.after)} | "
+            f"{delta} | {reward} | {_f(r.kv_read, '{:.2f}')} | {p5} | "
+            f"{_f(r.p5_held, '{:.0%}')} | {_f(r.tis_truncated, '{:.4f}')} | {r.wall_h:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def format_arms(runs: list[ParityRun]) -> str:
+    """Per arm over its finished runs: final accuracy mean and seed range, mean paired gain."""
+    lines = [
+        "| arm | finished seeds | held-out after: mean (min-max over seeds) | mean gain over "
+        "before | mean KV-read | mean TIS truncated |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_arm = defaultdict(list)
+    for r in runs:
+        if r.after is not None and r.steps_logged == r.steps_total:
+            by_arm[r.arm].append(r)
+    for arm, done in by_arm.items():
+        after = [r.after for r in done]
+        gains = [r.after - r.before for r in done]
+        kv = _mean([r.kv_read for r in done if r.kv_read is not None])
+        tis = _mean([r.tis_truncated for r in done if r.tis_truncated is not None])
+        lines.append(
+            f"| {arm} | {len(done)} | {statistics.fmean(after):.3f} ({min(after):.3f}-"
+            f"{max(after):.3f}) | {statistics.fmean(gains):+.3f} | {_f(kv, '{:.2f}')} | "
+            f"{_f(tis, '{:.4f}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_arms(root: Path, runs: list[ParityRun], out: Path) -> None:
+    """One figure per metric, a line per run, colored by arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    colors = {"online": "tab:blue", "dense": "tab:gray", "aggressive": "tab:red"}
+    panels = {
+        "reward": ("reward/mean", "train reward"),
+        "eval_accuracy": ("eval/accuracy", "held-out accuracy"),
+        "kv_read_ratio": ("kv_read_ratio", "KV-read ratio"),
+        "p5_min": ("accept/p5_min", "smallest per-bin p5"),
+        "tis_truncated": ("update/tis_truncated_frac", "TIS-truncated token share"),
+    }
+    for file, (key, label) in panels.items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for r in runs:
+            rows = _rows_by_step(root / r.name)
+            points = [(s, row[key]) for s, row in sorted(rows.items()) if _finite(row.get(key))]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker=".", color=colors.get(r.arm), alpha=0.8, label=r.name)
+        if key == "accept/p5_min":
+            ax.axhline(0.86, color="k", lw=0.8, ls="--", label="tau")
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=6, ncol=3)
+        fig.tight_layout()
+        fig.savefig(out / f"{file}.png", dpi=110)
+        plt.close(fig)
+
+
+def write_parity_report(root: Path, runs: list, steps: dict, docs: Path) -> Path:
+    summaries = [summarize_run(root, r.name, steps[r.name]) for r in runs]
+    logged = [s for s in summaries if s.steps_logged or s.before is not None]
+    if logged:
+        plot_arms(root, logged, docs / "plots")
+    stamp = datetime.datetime.now().isoformat(timespec="minutes")
+    block = (
+        f"{TABLE_BEGIN}\nGenerated by `sparrow.experiments.parity_study` from "
+        f"`{root.name}/*/metrics.jsonl` on {stamp}.\n\nPer arm (finished runs only):\n\n"
+        + format_arms(summaries)
+        + "\nPer run:\n\n"
+        + format_runs(summaries)
+        + TABLE_END
+    )
+    readme = docs / "README.md"
+    docs.mkdir(parents=True, exist_ok=True)
+    text = (
+        readme.read_text()
+        if readme.is_file()
+        else f"# Parity study\n\n{TABLE_BEGIN}\n{TABLE_END}\n"
+    )
+    before, rest = text.split(TABLE_BEGIN, 1)
+    readme.write_text(before + block + rest.split(TABLE_END, 1)[1])
+    print(f"table: {readme}; plots: {docs / 'plots'}")
+    return readme
