@@ -10,7 +10,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.experiments.stability_table import TABLE_BEGIN, TABLE_END, _rows_by_step, _wall_s
+from sparrow.experiments.stability_table import (
+    TABLE_BEGIN,
+    TABLE_END,
+    _rows_by_step,
+    _wall_s,
+    splice_table,
+)
 
 SETTLED_AFTER = 3  # steps the controller needs to leave its start budget; excluded from means
 _P5_BIN = re.compile(r"^accept/p5/bin(\d+)$")
@@ -187,14 +193,6 @@ def write_parity_report(root: Path, runs: list, steps: dict, docs: Path) -> Path
         + format_runs(summaries)
         + TABLE_END
     )
-    readme = docs / "README.md"
-    docs.mkdir(parents=True, exist_ok=True)
-    text = (
-        readme.read_text()
-        if readme.is_file()
-        else f"# Parity study\n\n{TABLE_BEGIN}\n{TABLE_END}\n"
-    )
-    before, rest = text.split(TABLE_BEGIN, 1)
-    readme.write_text(before + block + rest.split(TABLE_END, 1)[1])
+    readme = splice_table(docs, block, "Parity study")
     print(f"table: {readme}; plots: {docs / 'plots'}")
     return readme

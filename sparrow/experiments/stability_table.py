@@ -159,20 +159,23 @@ def write_report(root: Path, runs: list, steps: dict, docs: Path) -> Path:
         + format_table(summaries)
         + f"{TABLE_END}"
     )
+    readme = splice_table(docs, block, "Stability study")
+    print(f"table: {readme}; plots: {docs / 'plots'}")
+    return readme
+
+
+def splice_table(docs: Path, block: str, title: str) -> Path:
+    """Write `block` (marker lines included) between the table markers of docs/README.md, or
+    append it (to a new README titled `title` when none exists); returns the README's path."""
     readme = docs / "README.md"
     docs.mkdir(parents=True, exist_ok=True)
-    text = (
-        readme.read_text()
-        if readme.is_file()
-        else f"# Stability study\n\n{TABLE_BEGIN}\n{TABLE_END}\n"
-    )
+    text = readme.read_text() if readme.is_file() else f"# {title}\n\n{TABLE_BEGIN}\n{TABLE_END}\n"
     if TABLE_BEGIN in text and TABLE_END in text:
         before, rest = text.split(TABLE_BEGIN, 1)
         text = before + block + rest.split(TABLE_END, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     readme.write_text(text)
-    print(f"table: {readme}; plots: {docs / 'plots'}")
     return readme
 
 
