@@ -51,3 +51,25 @@ def micro_batch_activation_bytes(
         kept = shape.layers * per_layer + cache
     logits = 3 * chunk_tokens * shape.vocab * 4  # fp32 logits, log-softmax and their gradient
     return tokens * kept * bytes_per_value + logits
+
+
+def micro_batch_decoder_tokens(
+    rows: int,
+    group_size: int,
+    prompt: int,
+    completion: int,
+    common_prefix: int = 0,
+    share_prompts: bool = True,
+    share_prefix: bool = True,
+) -> int:
+    """Decoder tokens of a micro-batch of `rows` rows at the longest `prompt` and `completion`.
+
+    With shared prompts each group's prompt runs once (a micro-batch of whole groups, plus one
+    split group); with a shared prefix the `common_prefix` tokens that every prompt starts with
+    run once per micro-batch (sparrow.rl.policy_logprobs)."""
+    if not share_prompts:
+        return rows * (prompt + completion)
+    groups = -(-rows // group_size) + (rows % group_size != 0)  # a split group at each end
+    groups = min(groups, rows)
+    prefix = min(common_prefix, prompt) if share_prefix else 0
+    return prefix + groups * (prompt - prefix) + rows * completion

@@ -76,6 +76,12 @@ class PromptDataset:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    def prompt_lengths(self) -> tuple[int, int]:
+        """(longest prompt, token prefix common to all prompts), for sizing the actor's passes."""
+        ids = [p.token_ids for p in self.prompts]
+        # commonprefix compares any sequences element-wise (only the min and max list).
+        return max(map(len, ids), default=0), len(os.path.commonprefix(ids))
+
     def summary(self) -> str:
         """One line for the run log: counts, skips and the prompt-length distribution."""
         lengths = sorted(len(p.token_ids) for p in self.prompts)

@@ -6,7 +6,11 @@ import math
 import torch
 
 from sparrow.config import SparrowConfig
-from sparrow.rl.actor_memory import DecoderShape, micro_batch_activation_bytes
+from sparrow.rl.actor_memory import (
+    DecoderShape,
+    micro_batch_activation_bytes,
+    micro_batch_decoder_tokens,
+)
 from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
 
@@ -66,9 +70,16 @@ def format_eval_line(step: int, result: dict) -> str:
     return line
 
 
-def format_plan(cfg: SparrowConfig, data_summary: str, world: int, model_config=None) -> str:
+def format_plan(
+    cfg: SparrowConfig,
+    data_summary: str,
+    world: int,
+    model_config=None,
+    prompt_lengths: tuple[int, int] | None = None,
+) -> str:
     """The run's plan, printed once before the first step; with the HF `model_config`, the
-    actor's micro-batch size in tokens and its estimated activation peak."""
+    actor's micro-batch size in tokens and its estimated activation peak; `prompt_lengths` is
+    the dataset's (longest prompt, common prefix) in tokens."""
     schedule = cfg.schedule
     sched = (
         "dense"
@@ -80,18 +91,39 @@ def format_plan(cfg: SparrowConfig, data_summary: str, world: int, model_config=
         f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
         f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {world}, "
         f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; run dir {cfg.run_dir}"
-    ) + ("" if model_config is None else "\n  " + actor_plan(cfg, model_config))
+    ) + (
+        ""
+        if model_config is None
+        else "\n  " + actor_plan(cfg, model_config, *(prompt_lengths or ()))
+    )
 
 
-def actor_plan(cfg: SparrowConfig, model_config) -> str:
-    """Tokens per actor micro-batch (the budget, or micro_batch_size rows at the longest prompt
-    and generation) and the activation estimate of sparrow.rl.actor_memory at that size."""
+def actor_plan(
+    cfg: SparrowConfig,
+    model_config,
+    longest_prompt: int | None = None,
+    common_prefix: int = 0,
+) -> str:
+    """Decoder tokens per actor micro-batch (the budget, or micro_batch_size rows at the longest
+    prompt and generation, with prompts and their common prefix run once as the actor does) and
+    the activation estimate of sparrow.rl.actor_memory at that size.
+
+    `longest_prompt` and `common_prefix` come from the dataset; without them the row is sized at
+    data.max_prompt_tokens, which overstates a short-prompt run by the ratio of the two."""
     actor = cfg.actor
     if actor.max_tokens_per_micro_batch > 0:
         tokens, how = actor.max_tokens_per_micro_batch, "token budget"
     else:
-        row = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-        tokens, how = actor.micro_batch_size * row, f"{actor.micro_batch_size} rows at most"
+        tokens = micro_batch_decoder_tokens(
+            actor.micro_batch_size,
+            cfg.rl.group_size,
+            cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt,
+            cfg.rollout.max_new_tokens,
+            common_prefix,
+            actor.share_prompts,
+            actor.share_prefix,
+        )
+        how = f"{actor.micro_batch_size} rows at most"
     bf16 = actor.precision == "bf16" or (actor.precision == "auto" and torch.cuda.is_available())
     peak = micro_batch_activation_bytes(
         DecoderShape.from_hf(model_config),

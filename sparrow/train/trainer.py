@@ -500,7 +500,13 @@ class GRPOTrainer:
             print(f"resumed from {path} at step {self.step}", flush=True)
 
     def plan(self) -> str:
-        return format_plan(self.cfg, self.train_data.summary(), self.world, self.actor.model.config)
+        return format_plan(
+            self.cfg,
+            self.train_data.summary(),
+            self.world,
+            self.actor.model.config,
+            self.train_data.prompt_lengths(),
+        )
 
 
 def _update_metrics(update: dict) -> dict:

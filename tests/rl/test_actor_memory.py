@@ -2,7 +2,11 @@
 
 from transformers import Qwen3Config
 
-from sparrow.rl.actor_memory import DecoderShape, micro_batch_activation_bytes
+from sparrow.rl.actor_memory import (
+    DecoderShape,
+    micro_batch_activation_bytes,
+    micro_batch_decoder_tokens,
+)
 from sparrow.train.step_report import actor_plan
 
 QWEN3_1P7B = Qwen3Config(
@@ -33,3 +37,40 @@ def test_plan_line_states_the_micro_batch_and_its_estimate():
     line = actor_plan(cfg, QWEN3_1P7B)
     assert "<= 32768 tokens (token budget)" in line and "checkpointing on" in line
     assert "GiB each" in line
+
+
+def test_rows_are_counted_as_the_actor_runs_them():
+    # 8 groups of 6 rows: prompts once per group, completions per row ...
+    assert micro_batch_decoder_tokens(48, 6, 385, 32, share_prefix=False) == 8 * 385 + 48 * 32
+    # ... the 340-token prefix common to all prompts once per micro-batch ...
+    assert micro_batch_decoder_tokens(48, 6, 385, 32, 340) == 340 + 8 * 45 + 48 * 32
+    # ... every row whole without shared prompts; a micro-batch cut inside groups has 2 halves.
+    assert micro_batch_decoder_tokens(48, 6, 385, 32, 340, share_prompts=False) == 48 * 417
+    assert micro_batch_decoder_tokens(4, 6, 100, 10, share_prefix=False) == 2 * 100 + 4 * 10
+
+
+def test_plan_line_sizes_rows_from_the_dataset_not_the_prompt_limit():
+    from sparrow.cli.config_loader import load_config
+
+    cfg = load_config([])  # the CPU default: micro-batches of 48 rows, prompts up to 4096 tokens
+    small = Qwen3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=1000,
+    )  # fmt: skip
+    at_limit = actor_plan(cfg, small)
+    from_data = actor_plan(cfg, small, 385, 340)
+    tokens = micro_batch_decoder_tokens(48, cfg.rl.group_size, 385, cfg.rollout.max_new_tokens, 340)
+    assert f"<= {tokens} tokens (48 rows at most)" in from_data
+    assert f"<= {tokens} tokens" not in at_limit
+
+
+def test_dataset_reports_longest_prompt_and_common_prefix():
+    from sparrow.tasks.data import Prompt, PromptDataset
+
+    def prompt(ids):
+        return Prompt(0, "", ids, "", {})
+
+    data = PromptDataset([prompt([1, 2, 3, 4]), prompt([1, 2, 5]), prompt([1, 2, 3, 9, 9])],
+                         "test", "train", 3, 0, 10)  # fmt: skip
+    assert data.prompt_lengths() == (5, 2)
+    assert PromptDataset([prompt([7, 8])], "t", "train", 1, 0, 10).prompt_lengths() == (2, 2)
