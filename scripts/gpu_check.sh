@@ -90,9 +90,11 @@ json.dump(s, open(p, 'w'), indent=1)" "$SUMMARY" "$name" "$rc" "$((SECONDS - sta
 if [ "$STAGE" = kernels ]; then
     part gpu_tests 240 "$PY" -m pytest tests/kernels/test_gpu_kernels.py -m gpu -q -rs \
         -p no:cacheprovider
-    # The engine's CUDA-graph replay against eager, every batch bucket.
+    # The engine's CUDA-graph replay against eager, every batch bucket; the trainer's host-side
+    # reductions under NCCL.
     part engine_gpu_tests 180 "$PY" -m pytest tests/rollout/test_cuda_graphs_gpu.py \
-        tests/rollout/test_engine_gpu.py -m gpu -q -rs -p no:cacheprovider
+        tests/rollout/test_engine_gpu.py tests/train/test_host_collectives.py -m gpu -q -rs \
+        -p no:cacheprovider
     part decode_bench 120 "$PY" -m sparrow.bench.cli decode --json "$RESULTS/decode_bench.json"
     part kernel_bench 150 "$PY" -m sparrow.bench.cli kernel --sweep \
         --json "$RESULTS/kernel_bench.json"

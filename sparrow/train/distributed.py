@@ -1,10 +1,28 @@
 """Every reduction of a step's numbers over data-parallel ranks, in one place: sums, means,
 extremes, and the pooling of per-token values before percentiles. With one rank each is the
-identity, and none of them needs DeepSpeed (plain torch.distributed)."""
+identity, and none of them needs DeepSpeed (plain torch.distributed).
+
+The step's numbers live on the host; `all_reduce_host` moves them to the device the process
+group's backend reduces on (NCCL reduces CUDA tensors only: a CPU tensor raises "No backend type
+associated with device type cpu"), so the same code runs under gloo on CPU and NCCL on GPUs."""
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+
+def collective_device() -> torch.device:
+    """Where a collective's tensors must be: this rank's CUDA device under NCCL, else the CPU."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_host(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
+    """`t` (a host tensor) reduced over all ranks, as a new host tensor, under any backend."""
+    reduced = t.to(collective_device(), copy=True)
+    dist.all_reduce(reduced, op=op)
+    return reduced.cpu()
 
 
 class Ranks:
@@ -14,10 +32,8 @@ class Ranks:
         self.rank, self.world = rank, world
 
     def sum(self, value) -> float:
-        t = torch.as_tensor(value, dtype=torch.float64).reshape(1).clone()
-        if self.world > 1:
-            dist.all_reduce(t)
-        return float(t)
+        t = torch.as_tensor(value, dtype=torch.float64).reshape(1)
+        return float(all_reduce_host(t) if self.world > 1 else t)
 
     def mean(self, total, count) -> float:
         """sum(total) / sum(count) over ranks (the mean over all ranks' items)."""
@@ -27,7 +43,7 @@ class Ranks:
         """The min or max (`how`) of `values` over all ranks."""
         t = torch.tensor([min(values) if how == "min" else max(values)], dtype=torch.float64)
         if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MIN if how == "min" else dist.ReduceOp.MAX)
+            t = all_reduce_host(t, dist.ReduceOp.MIN if how == "min" else dist.ReduceOp.MAX)
         return float(t)
 
     def gather_tokens(self, values: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:

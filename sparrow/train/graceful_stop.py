@@ -14,7 +14,8 @@ import sys
 import threading
 
 import torch
-import torch.distributed as dist
+
+from sparrow.train.distributed import all_reduce_host
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -52,7 +53,7 @@ class GracefulStop:
         """Whether any rank got a signal (collective when world_size > 1: all ranks call)."""
         flag = torch.tensor([float(self.signum is not None)], dtype=torch.float64)
         if world_size > 1:
-            dist.all_reduce(flag)
+            flag = all_reduce_host(flag)
         return bool(flag.item() > 0)
 
     def _handle(self, signum: int, frame) -> None:

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from sparrow.train.distributed import all_reduce_host
 
 
 class NonFiniteWeights(RuntimeError):
@@ -29,8 +30,7 @@ def squared_norm(model: nn.Module, world_size: int) -> float:
         local = getattr(p, "ds_tensor", p)  # ZeRO-3 keeps only this rank's shard in ds_tensor
         total += local.detach().float().pow(2).sum().cpu()
     if world_size > 1:
-        total = total.reshape(1)
-        dist.all_reduce(total)
+        total = all_reduce_host(total.reshape(1))
     return float(total)
 
 
