@@ -38,6 +38,7 @@ def exact_batch_acceptance(
     temperature: float,
     micro_batch_size: int,
     schedules: list | None = None,
+    share_prefix: bool = True,
 ) -> Tensor:
     """(B, T) fp32 exact acceptance at completion positions, 0 elsewhere.
 
@@ -46,7 +47,9 @@ def exact_batch_acceptance(
     `schedules[b]` per row when given (those the rows were rolled out with; None: dense).
     `dense_model` is the actor's HF model (under ZeRO-3 every rank must call this together,
     with as many rows as the others). A micro-batch holds whole prompt groups, up to
-    `micro_batch_size` rows or one group if it is larger, as in the actor's log-prob pass.
+    `micro_batch_size` rows or one group if it is larger, as in the actor's log-prob pass, and
+    `share_prefix` (the actor's flag, the same on every rank) runs the groups' common token
+    prefix once per micro-batch, as that pass does.
     """
     temperature = temperature if temperature > 0 else 1.0
     prompts, completions = _split(batch)
@@ -62,6 +65,7 @@ def exact_batch_acceptance(
             batch.attention_mask[sl].to(device),
             batch.prompt_lens[sl].to(device),
             runs[sl].to(device),
+            share_prefix,
         ).hidden  # (b, 1 + F, H)
         for i, b in enumerate(range(sl.start, sl.stop)):
             p0, n = int(batch.prompt_lens[b]), len(completions[b])

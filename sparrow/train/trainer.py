@@ -289,6 +289,7 @@ class GRPOTrainer:
                 self.cfg.rollout.temperature,
                 self.cfg.actor.micro_batch_size,
                 [None if f else sparse for f in plan.floor_rows[rows].tolist()],
+                share_prefix=self.cfg.actor.share_prefix,
             )
             exact = ExactAcceptance(values, rows)
         result = self.acceptance.measure(batch, dense, plan.floor_rows, exact)

@@ -169,3 +169,29 @@ def test_partitioned_actor_model_gives_the_same_acceptance(family):
         engine, actor.model, rollout_batch(rows), TEMPERATURE, 4, SCHEDULES
     )
     assert (shared - reference).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_common_prefix_follows_the_actor_flag(lively, share_prefix):
+    # Two groups whose prompts start with the same 10 tokens (a system prompt), in one
+    # micro-batch: with the actor's share_prefix the 10 tokens run once, without it per group;
+    # the acceptance is the per-row one either way.
+    model, engine = lively
+    rows = group_rows(GROUPS, seed=5)
+    system = list(range(100, 110))
+    rows = [(system + p, c) for p, c in rows]
+    decoder_tokens = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda mod, args, out: decoder_tokens.append(args[0].numel())
+    )
+    try:
+        shared = exact_batch_acceptance(
+            engine, model, rollout_batch(rows), TEMPERATURE, 5, SCHEDULES, share_prefix
+        )
+    finally:
+        hook.remove()
+    assert (shared - per_row_acceptance(model, engine, rows, SCHEDULES)).abs().max() <= 1e-5
+    # Prompts of 27 and 21 tokens: 10 once + (17, 11) padded to 17 per group, or (27, 21)
+    # padded to 27 per group; then each row's completion minus its last token, padded to 8.
+    prompts = 10 + 2 * 17 if share_prefix else 2 * 27
+    assert sum(decoder_tokens) == prompts + 5 * 8
