@@ -1,8 +1,8 @@
 """The learning-parity study: does GRPO with sparse rollouts held at the tail rule (p5 >= tau)
 learn like GRPO with dense rollouts, and what does a budget far below the rule do?
 
-Three arms on the default run's setup (`conf/config.yaml`: SmolLM2-135M on the few-shot
-arithmetic task), each trained with the same seeds and the same prompt order per seed:
+Three arms on the default run's setup (`conf/config.yaml`: SmolLM2-135M on the arithmetic task
+behind its ~340-token system prompt), each with the same seeds and prompt order per seed:
 
 - `online`: the default, online controller at tau 0.86;
 - `dense`: `schedule.mode=dense`, the reference;
@@ -25,16 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sparrow.cli.config_loader import ConfigError
 from sparrow.experiments.parity_table import write_parity_report
-from sparrow.experiments.stability_study import (
-    REPO,
-    StudyRun,
-    _run_all,
-    _start_background,
-    _status_line,
-    _total_steps,
-)
+from sparrow.experiments.stability_study import REPO, StudyRun, drive_study
 
 ARMS = {
     "online": ((), "online controller, tau 0.86 (the default)"),
@@ -69,25 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = study_runs(arms, seeds)
     overrides = ["logger=disabled", "rollout.progress=false", *extra]
-    try:
-        steps = {r.name: _total_steps(overrides, r) for r in runs}
-    except ConfigError as err:
-        print(f"parity_study: config error: {err}", file=sys.stderr)
-        return 2
-    if args.background:
-        return _start_background(
-            args.root, [a for a in argv if a != "--background"], "sparrow.experiments.parity_study"
-        )
-    if args.status:
-        for run in runs:
-            print(_status_line(args.root, run, steps[run.name]))
-        return 0
-    if not args.report:
-        code = _run_all(args.root, runs, overrides, steps, args.jobs)
-        if code:
-            return code
-    write_parity_report(args.root, runs, steps, args.docs)
-    return 0
+    return drive_study(
+        args,
+        argv,
+        args.root,
+        runs,
+        overrides,
+        lambda steps: write_parity_report(args.root, runs, steps, args.docs),
+        "sparrow.experiments.parity_study",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,13 +90,31 @@ def main(argv: list[str] | None = None) -> int:
     runs = _select_runs(args)
     sized = {"quick": QUICK_OVERRIDES, "short": SHORT_OVERRIDES, None: ()}[size]
     overrides = [f"preset={args.preset}", *sized, *extra]
+    docs = args.docs or REPO / (f"docs/stability/{size}" if size else "docs/stability")
+    return drive_study(
+        args, argv, root, runs, overrides, lambda steps: write_report(root, runs, steps, docs)
+    )
+
+
+def drive_study(
+    args,
+    argv: list[str],
+    root: Path,
+    runs: list[StudyRun],
+    overrides: list[str],
+    report: Callable[[dict], object],
+    module: str = "sparrow.experiments.stability_study",
+) -> int:
+    """What a study's command does with its parsed `args`: detach (--background), print one line
+    per run (--status), or run what is not finished and then `report(steps per run)`."""
+    prog = module.rsplit(".", 1)[-1]
     try:
         steps = {r.name: _total_steps(overrides, r) for r in runs}
     except ConfigError as err:
-        print(f"stability_study: config error: {err}", file=sys.stderr)
+        print(f"{prog}: config error: {err}", file=sys.stderr)
         return 2
     if args.background:
-        return _start_background(root, [a for a in argv if a != "--background"])
+        return _start_background(root, [a for a in argv if a != "--background"], module)
     if args.status:
         for run in runs:
             print(_status_line(root, run, steps[run.name]))
@@ -104,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _run_all(root, runs, overrides, steps, args.jobs)
         if code:
             return code
-    docs = args.docs or REPO / (f"docs/stability/{size}" if size else "docs/stability")
-    write_report(root, runs, steps, docs)
+    report(steps)
     return 0
 
 
