@@ -38,6 +38,7 @@ class ParityRun:
     # share of steps whose every bin with >= MIN_TOKENS tokens has p5 >= tau - 0.02
     p5_held: float | None
     tis_truncated: float | None  # mean share of tokens whose TIS weight was truncated
+    updates: int  # steps whose update ran (not skipped for lack of signal)
     wall_h: float
 
 
@@ -78,6 +79,7 @@ def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> Parit
                 if _finite(r.get("update/tis_truncated_frac"))
             ]
         ),
+        updates=sum(1 for r in train if not r.get("update/no_signal")),
         wall_h=_wall_s(root, name) / 3600,
     )
 
@@ -97,9 +99,9 @@ def _f(value: float | None, fmt: str = "{:.3f}") -> str:
 def format_runs(runs: list[ParityRun]) -> str:
     lines = [
         "| run | steps | held-out before -> after | after - before (95% CI) | train reward "
-        "first 3 -> last 3 | KV-read | p5 per bin (median) | steps p5 >= tau-0.02 | "
+        "first 3 -> last 3 | updates | KV-read | p5 per bin (median) | steps p5 >= tau-0.02 | "
         "TIS truncated | wall (h) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         delta = (
@@ -115,7 +117,7 @@ def format_runs(runs: list[ParityRun]) -> str:
         p5 = " ".join(f"b{b}:{v:.2f}" for b, v in r.p5_by_bin.items()) or "-"
         lines.append(
             f"| {r.name} | {r.steps_logged}/{r.steps_total} | {_f(r.before)} -> {_f(r.after)} | "
-            f"{delta} | {reward} | {_f(r.kv_read, '{:.2f}')} | {p5} | "
+            f"{delta} | {reward} | {r.updates} | {_f(r.kv_read, '{:.2f}')} | {p5} | "
             f"{_f(r.p5_held, '{:.0%}')} | {_f(r.tis_truncated, '{:.4f}')} | {r.wall_h:.2f} |"
         )
     return "\n".join(lines) + "\n"
