@@ -3,7 +3,7 @@ same gradient and less decoder work than scoring every row's full sequence."""
 
 import pytest
 import torch
-from tiny_lm import VOCAB, pg_loss_fn, tiny_causal_lm
+from tiny_lm import VOCAB, grouped_batch, pg_loss_fn, tiny_causal_lm
 
 from sparrow.rl.actor import ActorConfig, DenseActor, micro_batch_slices, split_micro_batches
 
@@ -15,25 +15,8 @@ GROUPS = [(9, [4, 1, 6, 3]), (5, [7, 2, 7])]
 def group_batch(groups, seed: int) -> dict[str, torch.Tensor]:
     """Right-padded rows, consecutive per group, each group's rows sharing one random prompt."""
     gen = torch.Generator().manual_seed(seed)
-    rows = [(g, p, c) for g, (p, lens) in enumerate(groups) for c in lens]
-    width = max(p + c for _, p, c in rows) + 2  # two columns of padding for every row
-    ids = torch.zeros(len(rows), width, dtype=torch.int64)  # (B, T)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)  # (B, T)
-    completion = torch.zeros(len(rows), width, dtype=torch.bool)  # (B, T)
     prompts = [torch.randint(1, VOCAB, (p,), generator=gen) for p, _ in groups]
-    for r, (g, p, c) in enumerate(rows):
-        ids[r, :p] = prompts[g]
-        ids[r, p : p + c] = torch.randint(1, VOCAB, (c,), generator=gen)
-        mask[r, : p + c] = True
-        completion[r, p : p + c] = True
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "completion_mask": completion,
-        "advantages": torch.randn(len(rows), generator=gen),  # (B,)
-        "prompt_lens": torch.tensor([p for _, p, _ in rows]),  # (B,)
-        "group_ids": torch.tensor([7 + g for g, _, _ in rows]),  # (B,) any ids, runs per group
-    }
+    return grouped_batch(prompts, [lens for _, lens in groups], gen, first_id=7)
 
 
 def make_actor(family: str, share: bool, **overrides) -> DenseActor:

@@ -4,7 +4,7 @@ sequence, for prefixes of many tokens, of none, one group, and a prompt one toke
 
 import pytest
 import torch
-from tiny_lm import VOCAB, tiny_causal_lm
+from tiny_lm import VOCAB, grouped_batch, tiny_causal_lm
 
 from sparrow.rl.policy_logprobs import PolicyWithLogprobs, common_prefix_len
 
@@ -28,25 +28,7 @@ def prefix_batch(prefix_len: int, groups, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     prefix = torch.randint(20, VOCAB, (prefix_len,), generator=gen)
     prompts = [torch.cat([prefix, torch.tensor(own)]) for own, _ in groups]
-    rows = [(g, c) for g, (_, lens) in enumerate(groups) for c in lens]
-    width = max(len(prompts[g]) + c for g, c in rows) + 2  # two columns of padding
-    ids = torch.zeros(len(rows), width, dtype=torch.int64)  # (B, T)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)  # (B, T)
-    completion = torch.zeros(len(rows), width, dtype=torch.bool)  # (B, T)
-    for r, (g, c) in enumerate(rows):
-        p = len(prompts[g])
-        ids[r, :p] = prompts[g]
-        ids[r, p : p + c] = torch.randint(1, VOCAB, (c,), generator=gen)
-        mask[r, : p + c] = True
-        completion[r, p : p + c] = True
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "completion_mask": completion,
-        "advantages": torch.randn(len(rows), generator=gen),  # (B,)
-        "prompt_lens": torch.tensor([len(prompts[g]) for g, _ in rows]),  # (B,)
-        "group_ids": torch.tensor([3 + g for g, _ in rows]),  # (B,)
-    }
+    return grouped_batch(prompts, [lens for _, lens in groups], gen, first_id=3)
 
 
 def scores(policy: PolicyWithLogprobs, batch: dict, shared: bool, temperature: float = 0.7):

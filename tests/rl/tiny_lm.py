@@ -45,6 +45,33 @@ def rl_batch(num_seqs: int, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+def grouped_batch(
+    prompts: list[torch.Tensor], completion_lens: list[list[int]], gen, first_id: int = 0
+) -> dict[str, torch.Tensor]:
+    """Right-padded rows, consecutive per group: group g's rows share `prompts[g]` and get random
+    completions of `completion_lens[g]` tokens (drawn from `gen` in row order, then one
+    advantage per row); two columns of padding; group ids first_id, first_id + 1, ..."""
+    rows = [(g, c) for g, lens in enumerate(completion_lens) for c in lens]
+    width = max(len(prompts[g]) + c for g, c in rows) + 2
+    ids = torch.zeros(len(rows), width, dtype=torch.int64)  # (B, T)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)  # (B, T)
+    completion = torch.zeros(len(rows), width, dtype=torch.bool)  # (B, T)
+    for r, (g, c) in enumerate(rows):
+        p = len(prompts[g])
+        ids[r, :p] = prompts[g]
+        ids[r, p : p + c] = torch.randint(1, VOCAB, (c,), generator=gen)
+        mask[r, : p + c] = True
+        completion[r, p : p + c] = True
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "completion_mask": completion,
+        "advantages": torch.randn(len(rows), generator=gen),  # (B,)
+        "prompt_lens": torch.tensor([len(prompts[g]) for g, _ in rows]),  # (B,)
+        "group_ids": torch.tensor([first_id + g for g, _ in rows]),  # (B,)
+    }
+
+
 def pg_loss_fn(global_tokens: int):
     """Policy-gradient loss normalised by the step's global completion-token count."""
 
