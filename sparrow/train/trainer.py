@@ -416,7 +416,7 @@ class GRPOTrainer:
         if merged:
             self._sync_engine()
         self._push_schedule()
-        result |= self._paired_delta(correct)
+        result |= self._paired_delta(self.ranks.gather_strided(correct))
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)
         return result
@@ -424,8 +424,15 @@ class GRPOTrainer:
     def _paired_delta(self, correct: list[float]) -> dict:
         """Accuracy now minus at the first evaluation, on the same prompts, with a paired 95% CI.
 
-        Rank-local prompts (one rank's share); with several ranks it is that rank's estimate.
+        `correct`: every rank's per-prompt scores in prompt order, the same list on every rank
+        (a rank's own share may be empty, and the checkpoint holds rank 0's copy).
         """
+        if not correct:
+            return {}
+        if self._first_eval is not None and len(self._first_eval) != len(correct):
+            # A resumed run may change rl.eval.num_prompts: pairs no longer line up.
+            log.warning("evaluation prompts changed: this evaluation is the new baseline")
+            self._first_eval = None
         if self._first_eval is None:
             self._first_eval = correct
             return {}
@@ -462,17 +469,27 @@ class GRPOTrainer:
     def _maybe_resume(self) -> None:
         """Resume from a checkpoint (resume=auto: the newest complete one) after checking that
         the run dir's stored config matches; cut the run history back to the resumed step."""
-        resume = self.cfg.resume
-        path = None
-        if resume != "never":
-            path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
         config = asdict(self.cfg)
+        # Rank 0 picks and checks the checkpoint for all: a rank on another node could see an
+        # older listing of the shared run dir and load another step, and each rank would
+        # otherwise checksum every checkpoint file again.
+        path = self.ranks.from_rank0(lambda: self._checkpoint_to_resume(config))
         if path is not None:
-            check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
             self._load_checkpoint(path)
         self.logger.resume_at(self.step if path is not None else -1)
         if self.rank == 0:
             save_run_config(self.run_dir, config)
+
+    def _checkpoint_to_resume(self, config: dict) -> Path | None:
+        """The checkpoint `resume` names (auto: the newest complete one), checked against the
+        run dir's stored config; None to start afresh."""
+        resume = self.cfg.resume
+        if resume == "never":
+            return None
+        path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
+        if path is not None:
+            check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
+        return path
 
     def _load_checkpoint(self, path: Path) -> None:
         loaded = self.checkpoints.load(path)

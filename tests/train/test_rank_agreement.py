@@ -1,0 +1,116 @@
+"""What ranks must agree on, checked with 2 real gloo ranks (two subprocesses, one host).
+
+- `Ranks.from_rank0`: rank 0 alone decides (which checkpoint to resume), every rank gets its
+  answer, and an exception rank 0 raises is raised on every rank (none is left waiting);
+- `Ranks.gather_strided`: per-prompt eval scores of the `[rank::world]` shares back in prompt
+  order on every rank, also when a rank's share is shorter or empty.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHECK = textwrap.dedent(
+    """
+    import threading, torch.distributed as dist
+    from sparrow.train.distributed import Ranks
+    from sparrow.train.run_config import ResumeMismatch
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ranks = Ranks(rank, world)
+
+    calls = []
+    def decide():
+        calls.append(rank)
+        return f"step_{rank}"
+    assert ranks.from_rank0(decide) == "step_0"
+    assert calls == ([0] if rank == 0 else []), calls
+
+    def mismatch():
+        raise ResumeMismatch("run dir holds another config")
+    try:
+        ranks.from_rank0(mismatch)
+        raise AssertionError("no exception")
+    except ResumeMismatch as err:
+        assert str(err) == "run dir holds another config", err
+
+    def unpicklable():
+        err = RuntimeError("disk gone")
+        err.lock = threading.Lock()
+        raise err
+    try:
+        ranks.from_rank0(unpicklable)
+        raise AssertionError("no exception")
+    except RuntimeError as err:
+        assert "disk gone" in str(err), err
+
+    whole = [0.0, 1.0, 1.0, 0.0, 1.0]  # 5 prompts: rank 0 holds 3, rank 1 holds 2
+    assert ranks.gather_strided(whole[rank::world]) == whole
+    assert ranks.gather_strided([7.0] if rank == 0 else []) == [7.0]  # rank 1: no prompts
+
+    dist.destroy_process_group()
+    print("ok")
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_agree():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "TORCHELASTIC_"))}
+    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE="2",
+        PYTHONPATH=path,
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHECK],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0 and "ok" in out, f"rank {rank}: {err[-3000:]}"
+
+
+def test_paired_delta_needs_prompts_and_restarts_when_they_change():
+    """The trainer's eval delta on the gathered scores: no prompts anywhere gives nothing (a
+    rank's empty share used to raise), and a resumed run with another rl.eval.num_prompts takes
+    its first evaluation as the new baseline instead of raising on unequal lists."""
+    from types import SimpleNamespace
+
+    from sparrow.train.trainer import GRPOTrainer
+
+    trainer = SimpleNamespace(_first_eval=None)
+    assert GRPOTrainer._paired_delta(trainer, []) == {}
+    assert trainer._first_eval is None
+    assert GRPOTrainer._paired_delta(trainer, [0.0, 1.0, 0.0]) == {}
+    delta = GRPOTrainer._paired_delta(trainer, [1.0, 1.0, 0.0])
+    assert delta["eval/delta"] == 1.0 / 3
+    assert GRPOTrainer._paired_delta(trainer, [1.0, 1.0]) == {}  # 2 prompts now: new baseline
+    assert trainer._first_eval == [1.0, 1.0]
