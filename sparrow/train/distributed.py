@@ -16,8 +16,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 T = TypeVar("T")
-# Rank r samples from seed + r * RANK_SEED_STRIDE + call index: no two ranks' streams meet.
-RANK_SEED_STRIDE = 1 << 32
+# Rank r samples from seed + r * RANK_SEED_STRIDE + call index: streams meet only after 2^20
+# generate calls, and 4096 ranks stay within the 32 bits the CPU generator keeps of a seed.
+RANK_SEED_STRIDE = 1 << 20
 
 
 def collective_device() -> torch.device:
@@ -32,6 +33,12 @@ def all_reduce_host(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
     reduced = t.to(collective_device(), copy=True)
     dist.all_reduce(reduced, op=op)
     return reduced.cpu()
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank `rank`'s sampling seed: `seed` itself on rank 0 (a 1-rank run is unchanged), another
+    stream on every other rank, so that ranks do not draw the same random numbers."""
+    return seed + rank * RANK_SEED_STRIDE
 
 
 class Ranks:

@@ -40,7 +40,7 @@ from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
-from sparrow.train.distributed import Ranks
+from sparrow.train.distributed import Ranks, rank_seed
 from sparrow.train.evaluation import evaluate, paired_difference
 from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
@@ -97,8 +97,11 @@ class GRPOTrainer:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
             loaded.model.to(device)
-        # The engine copies the weights it needs (synced from the actor after every update).
-        self.engine = LLMEngine(loaded.model, self.tokenizer, cfg.rollout.engine)
+        # The engine copies the weights it needs (synced from the actor after every update). Each
+        # rank samples its own stream: with one seed everywhere, row i of every rank would draw
+        # the same random numbers (the launcher's RANK: the process group is not up yet).
+        seed = rank_seed(eng.seed, int(os.environ.get("RANK", "0")))
+        self.engine = LLMEngine(loaded.model, self.tokenizer, replace(eng, seed=seed))
         # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
         self.distill = (
             DistillSparse(cfg.distill, loaded.model, self.engine.runner.kv.cfg, cfg.actor.lr)

@@ -3,7 +3,8 @@
 - `Ranks.from_rank0`: rank 0 alone decides (which checkpoint to resume), every rank gets its
   answer, and an exception rank 0 raises is raised on every rank (none is left waiting);
 - `Ranks.gather_strided`: per-prompt eval scores of the `[rank::world]` shares back in prompt
-  order on every rank, also when a rank's share is shorter or empty.
+  order on every rank, also when a rank's share is shorter or empty;
+- `rank_seed`: rank 0 keeps the configured seed, other ranks get other sampler streams.
 """
 
 import os
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHECK = textwrap.dedent(
     """
     import threading, torch.distributed as dist
-    from sparrow.train.distributed import Ranks
+    from sparrow.train.distributed import Ranks, rank_seed
     from sparrow.train.run_config import ResumeMismatch
 
     dist.init_process_group("gloo")
@@ -54,6 +55,7 @@ CHECK = textwrap.dedent(
     assert ranks.gather_strided(whole[rank::world]) == whole
     assert ranks.gather_strided([7.0] if rank == 0 else []) == [7.0]  # rank 1: no prompts
 
+    assert rank_seed(5, 0) == 5 and rank_seed(5, 1) != 5
     dist.destroy_process_group()
     print("ok")
     """
@@ -114,3 +116,28 @@ def test_paired_delta_needs_prompts_and_restarts_when_they_change():
     assert delta["eval/delta"] == 1.0 / 3
     assert GRPOTrainer._paired_delta(trainer, [1.0, 1.0]) == {}  # 2 prompts now: new baseline
     assert trainer._first_eval == [1.0, 1.0]
+
+
+def test_each_rank_samples_its_own_stream(tmp_path, monkeypatch):
+    """The trainer seeds its engine per rank (the launcher's RANK): rank 0 keeps the configured
+    seed, and rank 1 draws other completions for the same prompt (with one seed everywhere,
+    row i of every rank drew the same random numbers)."""
+    from fake_actor import FakeActor
+
+    from sparrow.cli.config_loader import load_config
+    from sparrow.rollout.engine import SamplingParams
+    from sparrow.train.distributed import rank_seed
+    from sparrow.train.trainer import GRPOTrainer
+
+    cfg = load_config(["preset=tiny", "rl.eval.every=0", f"run_dir={tmp_path}"])
+    seed = cfg.rollout.engine.seed
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    completions = {}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        trainer = GRPOTrainer(cfg, make_actor=FakeActor)
+        assert trainer.engine.cfg.seed == rank_seed(seed, rank)
+        prompt = trainer.train_data.prompts[0].token_ids
+        completions[rank] = [o.token_ids for o in trainer.engine.generate([prompt], params, n=4)]
+    assert rank_seed(seed, 0) == seed
+    assert completions[0] != completions[1]
