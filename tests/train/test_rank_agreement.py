@@ -4,6 +4,8 @@
   answer, and an exception rank 0 raises is raised on every rank (none is left waiting);
 - `Ranks.gather_strided`: per-prompt eval scores of the `[rank::world]` shares back in prompt
   order on every rank, also when a rank's share is shorter or empty;
+- the exact acceptance's micro-batches: ZeRO-3 needs the same module calls in the same order on
+  every rank, so slices of different sizes (as many of them) fall back to plain slices;
 - `rank_seed`: rank 0 keeps the configured seed, other ranks get other sampler streams.
 """
 
@@ -18,8 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHECK = textwrap.dedent(
     """
-    import threading, torch.distributed as dist
+    import threading, torch, torch.distributed as dist
     from sparrow.train.distributed import Ranks, rank_seed
+    from sparrow.train.exact_acceptance import _micro_batches
     from sparrow.train.run_config import ResumeMismatch
 
     dist.init_process_group("gloo")
@@ -54,6 +57,14 @@ CHECK = textwrap.dedent(
     whole = [0.0, 1.0, 1.0, 0.0, 1.0]  # 5 prompts: rank 0 holds 3, rank 1 holds 2
     assert ranks.gather_strided(whole[rank::world]) == whole
     assert ranks.gather_strided([7.0] if rank == 0 else []) == [7.0]  # rank 1: no prompts
+
+    # 8 rows, micro-batches of up to 6 rows: rank 0 has 4 groups of 2 (slices 6 + 2 rows),
+    # rank 1 two groups of 4 (4 + 4 rows): 2 slices each, but not the same calls.
+    runs = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3] if rank == 0 else [0, 0, 0, 0, 1, 1, 1, 1])
+    got = _micro_batches(runs, 6, torch.device("cpu"))
+    assert got == [slice(0, 6), slice(6, 8)], got
+    same = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # equal structures keep the shared slices
+    assert _micro_batches(same, 6, torch.device("cpu")) == [slice(0, 6), slice(6, 8)]
 
     assert rank_seed(5, 0) == 5 and rank_seed(5, 1) != 5
     dist.destroy_process_group()
