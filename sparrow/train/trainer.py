@@ -215,7 +215,7 @@ class GRPOTrainer:
             self._sync_engine(weights)
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
-        metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks.mean)
+        metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
         metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
         metrics |= _update_metrics(update | distill) | scores.stats.as_metrics()

@@ -6,6 +6,7 @@
   order on every rank, also when a rank's share is shorter or empty;
 - the exact acceptance's micro-batches: ZeRO-3 needs the same module calls in the same order on
   every rank, so slices of different sizes (as many of them) fall back to plain slices;
+- the step's rollout metrics are over all ranks' samples (the longest completion included);
 - `rank_seed`: rank 0 keeps the configured seed, other ranks get other sampler streams.
 """
 
@@ -22,7 +23,9 @@ CHECK = textwrap.dedent(
     """
     import threading, torch, torch.distributed as dist
     from sparrow.train.distributed import Ranks, rank_seed
+    from types import SimpleNamespace as NS
     from sparrow.train.exact_acceptance import _micro_batches
+    from sparrow.train.step_report import rollout_metrics
     from sparrow.train.run_config import ResumeMismatch
 
     dist.init_process_group("gloo")
@@ -65,6 +68,16 @@ CHECK = textwrap.dedent(
     assert got == [slice(0, 6), slice(6, 8)], got
     same = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # equal structures keep the shared slices
     assert _micro_batches(same, 6, torch.device("cpu")) == [slice(0, 6), slice(6, 8)]
+
+    lengths = [2, 3] if rank == 0 else [5, 1]  # completion tokens of this rank's 2 rows
+    mask = torch.tensor([[True] * n + [False] * (6 - n) for n in lengths])  # (2, 6)
+    batch = NS(completion_mask=mask, prompt_lens=torch.tensor([4, 4]))
+    scores = NS(scores=torch.tensor([1.0, 0.0] if rank == 0 else [1.0, 1.0]))
+    outputs = [NS(finish_reason="stop"), NS(finish_reason="length" if rank else "stop")]
+    m = rollout_metrics(batch, scores, outputs, ranks)
+    assert m["len/completion_max"] == 5.0, m  # rank 1's row, on rank 0 too
+    assert m["len/completion_mean"] == 11 / 4 and m["reward/mean"] == 3 / 4, m
+    assert m["len/truncated_frac"] == 1 / 4, m
 
     assert rank_seed(5, 0) == 5 and rank_seed(5, 1) != 5
     dist.destroy_process_group()
