@@ -140,3 +140,13 @@ def test_two_torchrun_agents_c10d_rendezvous(tmp_path, one_rank):
         assert result["world_size"] == 2
         assert_params_equal(result["params"], one_rank["params"])
         assert_same_steps(result, one_rank)
+
+
+def test_multinode_launch_without_master_addr_stops_at_once():
+    """With NNODES > 1 and no MASTER_ADDR, the 127.0.0.1 default would make every node host its
+    own rendezvous and wait for the others until it times out: the script refuses instead."""
+    env = clean_env(NNODES="2", NODE_RANK="1", NPROC_PER_NODE="1", SPARROW_ENTRY=str(WORKER))
+    cmd = ["bash", str(REPO / "scripts/launch_multinode.sh")]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "MASTER_ADDR" in proc.stderr
