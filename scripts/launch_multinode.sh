@@ -33,6 +33,11 @@ if [[ -z "${NPROC_PER_NODE:-}" ]]; then
     NPROC_PER_NODE="$("${PYTHON}" -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
 fi
 RDZV_ID="${RDZV_ID:-sparrow}"
+# After SIGTERM torchrun forwards it to the workers and SIGKILLs them 30 s later by default, too
+# soon to finish a step and checkpoint it (sparrow's graceful stop). Torch versions that read
+# this variable wait this long instead; it is also how long a node waits for its workers after
+# one of them failed before it gives up on them.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-600}"
 
 if [[ -n "${SPARROW_ENTRY:-}" ]]; then
     entry=("${SPARROW_ENTRY}")
