@@ -51,6 +51,14 @@ class Ranks:
         t = torch.as_tensor(value, dtype=torch.float64).reshape(1)
         return float(all_reduce_host(t) if self.world > 1 else t)
 
+    def sums(self, values: dict[str, float]) -> dict[str, float]:
+        """Each value summed over ranks, in one all-reduce (every rank has the same keys)."""
+        if self.world == 1 or not values:
+            return dict(values)
+        keys = sorted(values)
+        packed = all_reduce_host(torch.tensor([values[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, packed.tolist(), strict=True))
+
     def mean(self, total, count) -> float:
         """sum(total) / sum(count) over ranks (the mean over all ranks' items)."""
         return self.sum(total) / max(self.sum(count), 1.0)

@@ -368,7 +368,7 @@ class GRPOTrainer:
         if self.distill is None:
             return {}
         self.distill.load_base(weights)
-        return self.distill.step(
+        metrics = self.distill.step(
             batch,
             dense.token_logprobs,
             token_advantages,
@@ -376,6 +376,10 @@ class GRPOTrainer:
             num_tokens,
             dense_topk=(dense.topk_ids, dense.topk_logprobs),
         )
+        # Its loss terms are this rank's share of global-token means (they add up over ranks);
+        # the gradient norm is taken after the all-reduce, already global.
+        grad_norm = metrics.pop("distill/grad_norm")
+        return self.ranks.sums(metrics) | {"distill/grad_norm": grad_norm}
 
     def _sync_engine(self, weights: dict | None = None) -> None:
         """The rollout policy's weights into the engine: theta (`weights`, gathered when not

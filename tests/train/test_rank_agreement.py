@@ -6,7 +6,8 @@
   order on every rank, also when a rank's share is shorter or empty;
 - the exact acceptance's micro-batches: ZeRO-3 needs the same module calls in the same order on
   every rank, so slices of different sizes (as many of them) fall back to plain slices;
-- the step's rollout metrics are over all ranks' samples (the longest completion included);
+- the step's rollout metrics are over all ranks' samples (the longest completion included),
+  and DistillSparse's loss terms are summed over ranks (`Ranks.sums`);
 - `rank_seed`: rank 0 keeps the configured seed, other ranks get other sampler streams.
 """
 
@@ -78,6 +79,10 @@ CHECK = textwrap.dedent(
     assert m["len/completion_max"] == 5.0, m  # rank 1's row, on rank 0 too
     assert m["len/completion_mean"] == 11 / 4 and m["reward/mean"] == 3 / 4, m
     assert m["len/truncated_frac"] == 1 / 4, m
+
+    # DistillSparse's loss terms: each rank's share of a global-token mean, summed over ranks.
+    shares = {"distill/loss": 0.25 + rank, "distill/k3": 0.5}
+    assert ranks.sums(shares) == {"distill/loss": 1.5, "distill/k3": 1.0}
 
     assert rank_seed(5, 0) == 5 and rank_seed(5, 1) != 5
     dist.destroy_process_group()
