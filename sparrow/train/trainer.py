@@ -218,7 +218,7 @@ class GRPOTrainer:
         metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
         metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
-        metrics |= _update_metrics(update | distill) | scores.stats.as_metrics()
+        metrics |= _update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
         return metrics | times
 
     # ---- the phases -------------------------------------------------------------------------
