@@ -10,6 +10,8 @@
 # RDZV_ID names the job (agents with different ids never join each other).
 # SPARROW_ENTRY=path/to/script.py runs that script instead of sparrow.cli.train (tests use it).
 # Checkpoints under the run directory must be on a filesystem shared by all nodes.
+# When a rank fails, ranks on other nodes exit once their collective times out
+# (actor.collective_timeout_min, 60 min by default).
 set -euo pipefail
 # The Python whose torch runs the job: $PYTHON, else the checkout's .venv, else python3.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,12 +21,23 @@ fi
 
 NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
+if [[ "${NNODES}" != 1 && -z "${MASTER_ADDR:-}" ]]; then
+    # 127.0.0.1 would have every node host its own rendezvous and wait for the others forever.
+    echo "launch_multinode.sh: NNODES=${NNODES} needs MASTER_ADDR, the address of node 0 that every" \
+        "node can reach" >&2
+    exit 2
+fi
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 if [[ -z "${NPROC_PER_NODE:-}" ]]; then
     NPROC_PER_NODE="$("${PYTHON}" -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
 fi
 RDZV_ID="${RDZV_ID:-sparrow}"
+# After SIGTERM torchrun forwards it to the workers and SIGKILLs them 30 s later by default, too
+# soon to finish a step and checkpoint it (sparrow's graceful stop). Torch versions that read
+# this variable wait this long instead; it is also how long a node waits for its workers after
+# one of them failed before it gives up on them.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-600}"
 
 if [[ -n "${SPARROW_ENTRY:-}" ]]; then
     entry=("${SPARROW_ENTRY}")

@@ -44,3 +44,26 @@ def test_smollm2_loads_from_pypi_package_and_answers():
     out = lm.model.generate(**enc, max_new_tokens=12, do_sample=False)
     answer = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+def test_conversion_keeps_a_copy_another_rank_published_first(tmp_path):
+    """On a first multi-rank run every rank converts the GGUF: the first complete copy stays
+    (others load from it), a later rank's copy is dropped, and a broken leftover is replaced."""
+    from sparrow.models.loading import _publish
+
+    def converted(directory, tag):
+        directory.mkdir()
+        (directory / "config.json").write_text(tag)
+        (directory / "model.safetensors").write_text(tag)
+        return directory
+
+    target = tmp_path / "model"
+    _publish(converted(tmp_path / "rank0", "rank0"), target)
+    assert (target / "config.json").read_text() == "rank0"
+    _publish(converted(tmp_path / "rank1", "rank1"), target)  # rank 1 finishes second
+    assert (target / "model.safetensors").read_text() == "rank0"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("half")
+    _publish(converted(tmp_path / "fresh", "fresh"), broken)
+    assert (broken / "model.safetensors").read_text() == "fresh"

@@ -90,7 +90,7 @@ def smollm2_gguf_path() -> Path:
 def smollm2_dir(cache_dir: str | None = None) -> Path:
     """The cached safetensors + tokenizer directory, converted from the GGUF on first use."""
     target = cache_root(cache_dir) / "models" / SMOLLM2
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _converted(target):
         return target
     gguf = smollm2_gguf_path()
     log.warning("converting %s to safetensors in %s (once, ~20 s)", gguf.name, target)
@@ -108,12 +108,28 @@ def smollm2_dir(cache_dir: str | None = None) -> Path:
         model.load_state_dict(quantized.state_dict())
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)  # atomic: a killed conversion never leaves a half directory
+        _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _converted(directory: Path) -> bool:
+    return (directory / "config.json").is_file() and (directory / "model.safetensors").is_file()
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Move the converted `tmp` to `target` atomically (a killed conversion never leaves a half
+    directory), keeping a complete `target` another process published first: on a first
+    multi-rank run every rank converts, and removing a finished copy would pull it from under
+    the ranks loading it."""
+    try:
+        os.replace(tmp, target)
+    except OSError:  # target is a non-empty directory
+        if _converted(target):
+            return
+        shutil.rmtree(target)  # a broken leftover
+        os.replace(tmp, target)
 
 
 def tiny_model_config(family: str, vocab_size: int = 512) -> transformers.PretrainedConfig:

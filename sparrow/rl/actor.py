@@ -27,6 +27,7 @@ import socket
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ class DenseActor:
     def __init__(self, model: nn.Module, cfg: ActorConfig):
         self.cfg = cfg
         on_gpu = torch.cuda.is_available()
-        _init_distributed("nccl" if on_gpu else "gloo")
+        _init_distributed("nccl" if on_gpu else "gloo", cfg.collective_timeout_min)
         self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -349,13 +350,19 @@ class DenseActor:
         dist.barrier()
 
 
-def _init_distributed(backend: str) -> None:
-    """Join (or create) the process group; a plain `python` run becomes a 1-rank group."""
+def _init_distributed(backend: str, timeout_min: float) -> None:
+    """Join (or create) the process group, whose collectives give up after `timeout_min`; a
+    plain `python` run becomes a 1-rank group."""
     if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    deepspeed.init_distributed(
+        dist_backend=backend,
+        auto_mpi_discovery=False,
+        verbose=False,
+        timeout=timedelta(minutes=timeout_min),
+    )
 
 
 def _free_port() -> int:

@@ -25,6 +25,11 @@ class ActorConfig:
     # With share_prompts: also compute the token prefix common to all groups of a micro-batch
     # (few-shot examples, system prompt) once per pass, not once per group (exact).
     share_prefix: bool = True
+    # How long a rank waits in a collective for the others before the job fails. Ranks meet
+    # only between rank-local rollouts, whose lengths differ: DeepSpeed's default (10 min) ends
+    # long-context runs whose slowest rank rolls out 10 min longer. Also how long ranks on
+    # other nodes wait after one rank dies before they exit too.
+    collective_timeout_min: float = 60.0
 
     def __post_init__(self):
         if self.zero_stage not in (0, 1, 2, 3):
@@ -35,6 +40,10 @@ class ActorConfig:
             raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
         if self.micro_batch_size < 1:
             raise ValueError(f"actor.micro_batch_size must be >= 1: {self.micro_batch_size}")
+        if self.collective_timeout_min <= 0:
+            raise ValueError(
+                f"actor.collective_timeout_min must be > 0, got {self.collective_timeout_min}"
+            )
         if self.max_tokens_per_micro_batch < 0:
             raise ValueError(
                 f"max_tokens_per_micro_batch must be >= 0, got {self.max_tokens_per_micro_batch}"

@@ -1,14 +1,24 @@
 """Every reduction of a step's numbers over data-parallel ranks, in one place: sums, means,
-extremes, and the pooling of per-token values before percentiles. With one rank each is the
-identity, and none of them needs DeepSpeed (plain torch.distributed).
+extremes, the pooling of per-token values before percentiles and of per-prompt scores, and the
+decisions rank 0 takes for all (which checkpoint to resume). With one rank each is the identity,
+and none of them needs DeepSpeed (plain torch.distributed).
 
 The step's numbers live on the host; `all_reduce_host` moves them to the device the process
 group's backend reduces on (NCCL reduces CUDA tensors only: a CPU tensor raises "No backend type
 associated with device type cpu"), so the same code runs under gloo on CPU and NCCL on GPUs."""
 
+import pickle
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+T = TypeVar("T")
+# Rank r samples from seed + r * RANK_SEED_STRIDE + call index: streams meet only after 2^20
+# generate calls, and 4096 ranks stay within the 32 bits the CPU generator keeps of a seed.
+RANK_SEED_STRIDE = 1 << 20
 
 
 def collective_device() -> torch.device:
@@ -25,6 +35,12 @@ def all_reduce_host(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
     return reduced.cpu()
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank `rank`'s sampling seed: `seed` itself on rank 0 (a 1-rank run is unchanged), another
+    stream on every other rank, so that ranks do not draw the same random numbers."""
+    return seed + rank * RANK_SEED_STRIDE
+
+
 class Ranks:
     """This process's place among `world` data-parallel ranks, and the reductions over them."""
 
@@ -34,6 +50,14 @@ class Ranks:
     def sum(self, value) -> float:
         t = torch.as_tensor(value, dtype=torch.float64).reshape(1)
         return float(all_reduce_host(t) if self.world > 1 else t)
+
+    def sums(self, values: dict[str, float]) -> dict[str, float]:
+        """Each value summed over ranks, in one all-reduce (every rank has the same keys)."""
+        if self.world == 1 or not values:
+            return dict(values)
+        keys = sorted(values)
+        packed = all_reduce_host(torch.tensor([values[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, packed.tolist(), strict=True))
 
     def mean(self, total, count) -> float:
         """sum(total) / sum(count) over ranks (the mean over all ranks' items)."""
@@ -53,3 +77,46 @@ class Ranks:
         parts = [None] * self.world
         dist.all_gather_object(parts, (values.cpu(), positions.cpu()))
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def gather_strided(self, values: list) -> list:
+        """The whole list back, in its order, from every rank's share `whole[rank::world]`."""
+        if self.world == 1:
+            return list(values)
+        parts = [None] * self.world
+        dist.all_gather_object(parts, list(values))
+        total = sum(len(p) for p in parts)
+        return [parts[i % self.world][i // self.world] for i in range(total)]
+
+    def from_rank0(self, decide: Callable[[], T]) -> T:
+        """`decide()` run on rank 0 alone, its answer on every rank (collective: all ranks call).
+
+        For choices read from a shared filesystem, which ranks on other nodes may see late (a
+        cached directory listing): one answer for all, read once. An exception `decide` raises
+        is raised on every rank, so that none is left waiting for the others.
+        """
+        if self.world == 1:
+            return decide()
+        box: list = [None]
+        failure = None
+        if self.rank == 0:
+            try:
+                box[0] = (decide(), None)
+            except Exception as err:  # handed to the other ranks, then raised here too
+                failure = err
+                box[0] = (None, _portable(err))
+        dist.broadcast_object_list(box, src=0, device=collective_device())
+        value, err = box[0]
+        if failure is not None:
+            raise failure
+        if err is not None:
+            raise err
+        return value
+
+
+def _portable(err: Exception) -> Exception:
+    """`err` itself when it pickles (to raise the same type on every rank), else its text."""
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:
+        return RuntimeError(f"rank 0: {type(err).__name__}: {err}")

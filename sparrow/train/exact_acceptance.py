@@ -20,6 +20,8 @@ they are compared (the last prompt position and the completion positions, never 
 prompts), one row at a time, so at most one row's dense logits exist beside the engine's.
 """
 
+import zlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -113,9 +115,11 @@ def _micro_batches(runs: Tensor, micro_batch_size: int, device: torch.device) ->
     """Row ranges of whole runs packed up to `micro_batch_size` rows (a longer run alone).
 
     Under data parallelism the ranks' run structures may differ (a duplicated prompt merges two
-    groups), and ZeRO-3 needs the same number of forwards on every rank: if the counts differ,
-    every rank falls back to plain `micro_batch_size`-row slices (runs cut by a slice boundary
-    then compute their prompt once per part).
+    groups), and ZeRO-3 gathers weights at every module call, so the ranks' calls must come in
+    the same order: one decoder pass per slice, then one head call per row. If the slice sizes
+    differ anywhere (as many slices is not enough), every rank falls back to plain
+    `micro_batch_size`-row slices (runs cut by a slice boundary then compute their prompt once
+    per part).
     """
     num_rows = len(runs)
     starts = [0, *((runs[1:] != runs[:-1]).nonzero().squeeze(1) + 1).tolist()]
@@ -126,19 +130,21 @@ def _micro_batches(runs: Tensor, micro_batch_size: int, device: torch.device) ->
             slices[-1] = slice(slices[-1].start, end)
         else:
             slices.append(slice(start, end))
-    if _same_on_all_ranks(len(slices), device):
+    if _same_on_all_ranks([s.stop - s.start for s in slices], device):
         return slices
     return [
         slice(s, min(s + micro_batch_size, num_rows)) for s in range(0, num_rows, micro_batch_size)
     ]
 
 
-def _same_on_all_ranks(count: int, device: torch.device) -> bool:
+def _same_on_all_ranks(sizes: list[int], device: torch.device) -> bool:
+    """Whether every rank has the same slice sizes (compared by count and checksum)."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return True
-    bounds = torch.tensor([count, -count], device=device)  # max and -min in one all-reduce
+    key = [len(sizes), zlib.crc32(repr(sizes).encode())]
+    bounds = torch.tensor([*key, *(-k for k in key)], device=device)  # max and -min at once
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
-    return int(bounds[0]) == -int(bounds[1])
+    return bounds[:2].tolist() == (-bounds[2:]).tolist()
 
 
 def _split(batch: RolloutBatch) -> tuple[list[list[int]], list[list[int]]]:

@@ -5,19 +5,23 @@ first signal only sets a flag; the training loop reads it between steps (`reques
 answer on every rank), saves a checkpoint of the step it just finished, closes the logger and
 raises `StopRequested`, which the CLI turns into one line and exit code 128 + signal. A second
 signal exits at once (a checkpoint write in flight is left as a `.tmp` directory, which the next
-launch removes).
+launch removes), unless it comes within `DUPLICATE_WINDOW_S` of the first: under torchrun one
+request arrives twice, as SLURM signals every process of the job step (a terminal's Ctrl-C,
+the whole foreground group) and torchrun forwards its own copy to the workers.
 """
 
 import os
 import signal
 import sys
 import threading
+import time
 
 import torch
 
 from sparrow.train.distributed import all_reduce_host
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DUPLICATE_WINDOW_S = 1.0  # a repeat this soon after the first signal is the same request
 
 
 class StopRequested(Exception):
@@ -36,6 +40,7 @@ class GracefulStop:
 
     def __init__(self):
         self.signum: int | None = None
+        self._first_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "GracefulStop":
@@ -59,9 +64,12 @@ class GracefulStop:
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None:
+            if time.monotonic() - self._first_at < DUPLICATE_WINDOW_S:
+                return  # the launcher's copy of the first request
             print(f"{name} again: exiting now, without a checkpoint", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.signum = signum
+        self._first_at = time.monotonic()
         print(
             f"{name} received: finishing the step in flight and saving a checkpoint "
             f"(send it again to exit at once)",

@@ -13,21 +13,23 @@ from sparrow.rl.actor_memory import (
 )
 from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
+from sparrow.train.distributed import Ranks
 
 
-def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, global_mean) -> dict:
-    """Reward, accuracy, lengths and finish reasons, averaged over all ranks' samples."""
+def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ranks) -> dict:
+    """Reward, accuracy, lengths and finish reasons over all ranks' samples (means, and the
+    longest completion of any rank); `rollout/tokens` is the mean over ranks."""
     n = len(outputs)
     lengths = batch.completion_mask.sum(1).float()  # (B,)
     truncated = sum(o.finish_reason == "length" for o in outputs)
     return {
-        "reward/mean": global_mean(float(scores.scores.sum()), n),
-        "acc/train": global_mean(float((scores.scores >= 1.0).sum()), n),
-        "len/completion_mean": global_mean(float(lengths.sum()), n),
-        "len/completion_max": float(lengths.max()),
-        "len/prompt_mean": global_mean(float(batch.prompt_lens.sum()), n),
-        "len/truncated_frac": global_mean(float(truncated), n),
-        "rollout/tokens": global_mean(float(lengths.sum()), 1),
+        "reward/mean": ranks.mean(float(scores.scores.sum()), n),
+        "acc/train": ranks.mean(float((scores.scores >= 1.0).sum()), n),
+        "len/completion_mean": ranks.mean(float(lengths.sum()), n),
+        "len/completion_max": ranks.extreme([float(lengths.max())], "max"),
+        "len/prompt_mean": ranks.mean(float(batch.prompt_lens.sum()), n),
+        "len/truncated_frac": ranks.mean(float(truncated), n),
+        "rollout/tokens": ranks.mean(float(lengths.sum()), 1),
     }
 
 

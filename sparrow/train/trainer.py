@@ -40,7 +40,7 @@ from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
-from sparrow.train.distributed import Ranks
+from sparrow.train.distributed import Ranks, rank_seed
 from sparrow.train.evaluation import evaluate, paired_difference
 from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
@@ -97,8 +97,11 @@ class GRPOTrainer:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
             loaded.model.to(device)
-        # The engine copies the weights it needs (synced from the actor after every update).
-        self.engine = LLMEngine(loaded.model, self.tokenizer, cfg.rollout.engine)
+        # The engine copies the weights it needs (synced from the actor after every update). Each
+        # rank samples its own stream: with one seed everywhere, row i of every rank would draw
+        # the same random numbers (the launcher's RANK: the process group is not up yet).
+        seed = rank_seed(eng.seed, int(os.environ.get("RANK", "0")))
+        self.engine = LLMEngine(loaded.model, self.tokenizer, replace(eng, seed=seed))
         # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
         self.distill = (
             DistillSparse(cfg.distill, loaded.model, self.engine.runner.kv.cfg, cfg.actor.lr)
@@ -212,10 +215,10 @@ class GRPOTrainer:
             self._sync_engine(weights)
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
-        metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks.mean)
+        metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
         metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
-        metrics |= _update_metrics(update | distill) | scores.stats.as_metrics()
+        metrics |= _update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
         return metrics | times
 
     # ---- the phases -------------------------------------------------------------------------
@@ -365,7 +368,7 @@ class GRPOTrainer:
         if self.distill is None:
             return {}
         self.distill.load_base(weights)
-        return self.distill.step(
+        metrics = self.distill.step(
             batch,
             dense.token_logprobs,
             token_advantages,
@@ -373,6 +376,10 @@ class GRPOTrainer:
             num_tokens,
             dense_topk=(dense.topk_ids, dense.topk_logprobs),
         )
+        # Its loss terms are this rank's share of global-token means (they add up over ranks);
+        # the gradient norm is taken after the all-reduce, already global.
+        grad_norm = metrics.pop("distill/grad_norm")
+        return self.ranks.sums(metrics) | {"distill/grad_norm": grad_norm}
 
     def _sync_engine(self, weights: dict | None = None) -> None:
         """The rollout policy's weights into the engine: theta (`weights`, gathered when not
@@ -416,7 +423,7 @@ class GRPOTrainer:
         if merged:
             self._sync_engine()
         self._push_schedule()
-        result |= self._paired_delta(correct)
+        result |= self._paired_delta(self.ranks.gather_strided(correct))
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)
         return result
@@ -424,8 +431,15 @@ class GRPOTrainer:
     def _paired_delta(self, correct: list[float]) -> dict:
         """Accuracy now minus at the first evaluation, on the same prompts, with a paired 95% CI.
 
-        Rank-local prompts (one rank's share); with several ranks it is that rank's estimate.
+        `correct`: every rank's per-prompt scores in prompt order, the same list on every rank
+        (a rank's own share may be empty, and the checkpoint holds rank 0's copy).
         """
+        if not correct:
+            return {}
+        if self._first_eval is not None and len(self._first_eval) != len(correct):
+            # A resumed run may change rl.eval.num_prompts: pairs no longer line up.
+            log.warning("evaluation prompts changed: this evaluation is the new baseline")
+            self._first_eval = None
         if self._first_eval is None:
             self._first_eval = correct
             return {}
@@ -462,17 +476,27 @@ class GRPOTrainer:
     def _maybe_resume(self) -> None:
         """Resume from a checkpoint (resume=auto: the newest complete one) after checking that
         the run dir's stored config matches; cut the run history back to the resumed step."""
-        resume = self.cfg.resume
-        path = None
-        if resume != "never":
-            path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
         config = asdict(self.cfg)
+        # Rank 0 picks and checks the checkpoint for all: a rank on another node could see an
+        # older listing of the shared run dir and load another step, and each rank would
+        # otherwise checksum every checkpoint file again.
+        path = self.ranks.from_rank0(lambda: self._checkpoint_to_resume(config))
         if path is not None:
-            check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
             self._load_checkpoint(path)
         self.logger.resume_at(self.step if path is not None else -1)
         if self.rank == 0:
             save_run_config(self.run_dir, config)
+
+    def _checkpoint_to_resume(self, config: dict) -> Path | None:
+        """The checkpoint `resume` names (auto: the newest complete one), checked against the
+        run dir's stored config; None to start afresh."""
+        resume = self.cfg.resume
+        if resume == "never":
+            return None
+        path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
+        if path is not None:
+            check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
+        return path
 
     def _load_checkpoint(self, path: Path) -> None:
         loaded = self.checkpoints.load(path)

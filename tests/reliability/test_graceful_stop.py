@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparrow.train.checkpoint import verify
+from sparrow.train.graceful_stop import DUPLICATE_WINDOW_S
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = Path(__file__).with_name("pause_at.py")
@@ -128,7 +129,7 @@ def test_second_sigterm_exits_at_once(tmp_path):
         time.sleep(0.05)
     assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "timeout"
     os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(1.0)
+    time.sleep(DUPLICATE_WINDOW_S + 1.0)  # sooner, it would count as a copy of the first
     os.kill(proc.pid, signal.SIGTERM)  # never let go: only the second signal can end it
     try:
         code = proc.wait(timeout=60)

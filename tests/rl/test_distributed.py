@@ -10,9 +10,11 @@ the few elements whose gradient nearly cancels (|g| near eps) amplify the roundi
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,59 @@ def test_two_torchrun_agents_c10d_rendezvous(tmp_path, one_rank):
         assert result["world_size"] == 2
         assert_params_equal(result["params"], one_rank["params"])
         assert_same_steps(result, one_rank)
+
+
+def test_multinode_launch_without_master_addr_stops_at_once():
+    """With NNODES > 1 and no MASTER_ADDR, the 127.0.0.1 default would make every node host its
+    own rendezvous and wait for the others until it times out: the script refuses instead."""
+    env = clean_env(NNODES="2", NODE_RANK="1", NPROC_PER_NODE="1", SPARROW_ENTRY=str(WORKER))
+    cmd = ["bash", str(REPO / "scripts/launch_multinode.sh")]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "MASTER_ADDR" in proc.stderr
+
+
+GRACEFUL_WORKER = """
+import sys, time
+from pathlib import Path
+from sparrow.train.graceful_stop import GracefulStop
+
+out = Path(sys.argv[1])
+with GracefulStop() as stop:
+    (out / "ready").touch()
+    while stop.signum is None:
+        time.sleep(0.1)
+    time.sleep(40)  # finishing the step in flight and checkpointing it
+    (out / "saved").touch()
+sys.exit(143)
+"""
+
+
+@pytest.mark.slow
+def test_launcher_gives_a_stopping_worker_time_to_checkpoint(tmp_path):
+    """SIGTERM to the launcher (torchrun) reaches the worker, which then takes 40 s to finish:
+    torchrun's default (SIGKILL after 30 s) would kill it before it saves. Mostly sleeping."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(GRACEFUL_WORKER)
+    env = clean_env(
+        NPROC_PER_NODE="1",
+        MASTER_PORT=str(free_port()),
+        RDZV_ID=f"stop-{os.getpid()}",
+        SPARROW_ENTRY=str(worker),
+        PYTHONPATH=str(REPO),
+    )
+    cmd = ["bash", str(REPO / "scripts/launch_multinode.sh"), str(tmp_path)]
+    agent = subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists() and agent.poll() is None:
+            assert time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.1)
+        agent.send_signal(signal.SIGTERM)  # bash exec'd torchrun: this is the agent
+        log = agent.communicate(timeout=120)[0]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert (tmp_path / "saved").exists(), log[-3000:]

@@ -36,6 +36,8 @@ CHECK = textwrap.dedent(
     ranks = Ranks(0, 2)
     assert ranks.sum(2.5) == 2.5 and ranks.mean(3.0, 2) == 1.5
     assert ranks.extreme([0.2, 0.7], "min") == 0.2 and ranks.extreme([0.2, 0.7], "max") == 0.7
+    assert ranks.sums({"a": 1.5, "b": 2.0}) == {"a": 1.5, "b": 2.0}
+    assert ranks.from_rank0(lambda: "step_000002") == "step_000002"  # broadcast_object_list
     assert GracefulStop().requested(2) is False
     layer = nn.Linear(3, 2)
     with torch.no_grad():
