@@ -113,6 +113,8 @@ class DenseActor:
         self.engine.eval()
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
+        # ZeRO-3 gathers the lm_head's weight at each of its calls, one per log-prob chunk.
+        self.engine.module.uniform_head_calls = cfg.zero_stage == 3 and self.world_size > 1
         if self.world_size == 1 and cfg.zero_stage == 0:
             # A 1-rank all-reduce is the identity, but DeepSpeed would still copy every gradient
             # into and out of flat buffers (seconds per step for a 135M model on CPU).

@@ -25,6 +25,7 @@ import inspect
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -41,6 +42,10 @@ class PolicyWithLogprobs(nn.Module):
         self.lm = lm
         self.chunk_tokens = chunk_tokens
         self.share_prefix = share_prefix  # group-shared layout: also share the groups' prefix
+        # Set by the actor under ZeRO-3 with several ranks: each lm_head call gathers its weight
+        # (a collective), so every rank must make as many calls as the others, while the chunk
+        # count follows each rank's own lengths. The ranks then agree on the largest count.
+        self.uniform_head_calls = False
 
     def forward(
         self,
@@ -154,9 +159,12 @@ class PolicyWithLogprobs(nn.Module):
         most `chunk_tokens` (rows x positions) of logits alive at once."""
         rows, length = targets.shape
         positions_per_chunk = max(1, self.chunk_tokens // max(rows, 1))
+        chunks = -(-max(length, 1) // positions_per_chunk)  # one empty chunk when L = 0
+        if self.uniform_head_calls:
+            chunks = _max_over_ranks(chunks, hidden.device)  # extra chunks are empty
         parts = []
-        # An empty chunk when L = 0 keeps the output shapes uniform.
-        for start in range(0, max(length, 1), positions_per_chunk):
+        for c in range(chunks):
+            start = min(c * positions_per_chunk, length)
             end = min(start + positions_per_chunk, length)
             args = (hidden[:, start:end], targets[:, start:end], topk, temperature)
             if torch.is_grad_enabled():
@@ -176,6 +184,12 @@ class PolicyWithLogprobs(nn.Module):
             entropy = -(logprobs.exp() * logprobs).sum(-1)  # (n, c)
             topk_lp, topk_ids = logprobs.topk(topk, dim=-1)  # (n, c, K)
         return token_lp, topk_ids, topk_lp, entropy
+
+
+def _max_over_ranks(count: int, device: torch.device) -> int:
+    t = torch.tensor([count], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
 
 
 class GroupShared(NamedTuple):
