@@ -4,12 +4,15 @@ The interval is the normal approximation with a Wilson fallback at the extremes,
 held-out prompts of all ranks; `sum_over_ranks` reduces counts across data-parallel ranks.
 """
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import Prompt
 from sparrow.tasks.rewards import GuardedReward, score_batch
+
+log = logging.getLogger(__name__)
 
 
 def wilson_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
@@ -81,3 +84,27 @@ def paired_difference(after: list[float], before: list[float], z: float = 1.96) 
     var = sum((d - mean) ** 2 for d in diffs) / max(n - 1, 1)
     half = z * math.sqrt(var / n)
     return {"eval/delta": mean, "eval/delta_lo95": mean - half, "eval/delta_hi95": mean + half}
+
+
+class PairedBaseline:
+    """The first evaluation's per-prompt scores, and each later evaluation's paired change."""
+
+    def __init__(self):
+        self.scores: list[float] | None = None  # saved in checkpoints (the run state)
+
+    def delta(self, correct: list[float]) -> dict:
+        """Accuracy now minus at the first evaluation, on the same prompts, with a paired 95% CI.
+
+        `correct`: every rank's per-prompt scores in prompt order, the same list on every rank
+        (a rank's own share may be empty, and the checkpoint holds rank 0's copy).
+        """
+        if not correct:
+            return {}
+        if self.scores is not None and len(self.scores) != len(correct):
+            # A resumed run may change rl.eval.num_prompts: pairs no longer line up.
+            log.warning("evaluation prompts changed: this evaluation is the new baseline")
+            self.scores = None
+        if self.scores is None:
+            self.scores = correct
+            return {}
+        return paired_difference(correct, self.scores)

@@ -20,8 +20,6 @@ they are compared (the last prompt position and the completion positions, never 
 prompts), one row at a time, so at most one row's dense logits exist beside the engine's.
 """
 
-import zlib
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -60,7 +58,7 @@ def exact_batch_acceptance(
     device = next(dense_model.parameters()).device
     runs = prompt_runs(prompts)  # (B,)
     head = dense_model.get_output_embeddings()
-    for sl in _micro_batches(runs, micro_batch_size, device):
+    for sl in _micro_batches(runs, micro_batch_size):
         hidden = group_shared_hidden(
             dense_model.get_decoder(),
             batch.input_ids[sl].to(device),
@@ -111,7 +109,7 @@ def prompt_runs(prompts: list[list[int]]) -> Tensor:
     return torch.tensor(runs[: len(prompts)], dtype=torch.int64)
 
 
-def _micro_batches(runs: Tensor, micro_batch_size: int, device: torch.device) -> list[slice]:
+def _micro_batches(runs: Tensor, micro_batch_size: int) -> list[slice]:
     """Row ranges of whole runs packed up to `micro_batch_size` rows (a longer run alone).
 
     Under data parallelism the ranks' run structures may differ (a duplicated prompt merges two
@@ -130,21 +128,20 @@ def _micro_batches(runs: Tensor, micro_batch_size: int, device: torch.device) ->
             slices[-1] = slice(slices[-1].start, end)
         else:
             slices.append(slice(start, end))
-    if _same_on_all_ranks([s.stop - s.start for s in slices], device):
+    if _same_on_all_ranks([s.stop - s.start for s in slices]):
         return slices
     return [
         slice(s, min(s + micro_batch_size, num_rows)) for s in range(0, num_rows, micro_batch_size)
     ]
 
 
-def _same_on_all_ranks(sizes: list[int], device: torch.device) -> bool:
-    """Whether every rank has the same slice sizes (compared by count and checksum)."""
+def _same_on_all_ranks(sizes: list[int]) -> bool:
+    """Whether every rank has the same slice sizes."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return True
-    key = [len(sizes), zlib.crc32(repr(sizes).encode())]
-    bounds = torch.tensor([*key, *(-k for k in key)], device=device)  # max and -min at once
-    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
-    return bounds[:2].tolist() == (-bounds[2:]).tolist()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, sizes)
+    return all(other == sizes for other in everyone)
 
 
 def _split(batch: RolloutBatch) -> tuple[list[list[int]], list[list[int]]]:

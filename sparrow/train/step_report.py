@@ -139,3 +139,11 @@ def actor_plan(
         f"actor: micro-batches of <= {tokens} tokens ({how}), activation peak est. "
         f"{peak / 2**30:.1f} GiB each (checkpointing {checkpointing})"
     )
+
+
+def update_metrics(update: dict) -> dict:
+    """The actor's and DistillSparse's update metrics under their dashboard names."""
+    named = {"loss": "loss/loss", "pg_loss": "loss/pg_loss"}
+    return {
+        k if k.startswith("distill/") else named.get(k, f"update/{k}"): v for k, v in update.items()
+    }

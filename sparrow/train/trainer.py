@@ -41,20 +41,21 @@ from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.distributed import Ranks, rank_seed
-from sparrow.train.evaluation import evaluate, paired_difference
+from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.progress import StepClock
 from sparrow.train.rollout_plan import RolloutPlan, plan_rollout
-from sparrow.train.run_config import ResumeMismatch, check_resume, save_run_config
+from sparrow.train.run_state import CheckpointedRun
 from sparrow.train.speedup_probe import measure_speedup
 from sparrow.train.step_report import (
     format_eval_line,
     format_plan,
     format_step_line,
     rollout_metrics,
+    update_metrics,
 )
 from sparrow.train.weight_guard import check_weights
 
@@ -73,7 +74,7 @@ class Rollout:
     stats: object  # the engine's RolloutStats of this generate call (decode tok/s)
 
 
-class GRPOTrainer:
+class GRPOTrainer(CheckpointedRun):
     def __init__(self, cfg: SparrowConfig, make_actor=DenseActor):
         """`make_actor(model, cfg.actor)`: the dense policy's trainer (DenseActor, DeepSpeed);
         tests pass a plain-torch one with the same interface."""
@@ -140,7 +141,7 @@ class GRPOTrainer:
         self.monitor = self.acceptance.monitor  # this step's acceptance, as the controller saw it
         self.step = 0
         self.nonfinite_streak = 0
-        self._first_eval: list[float] | None = None  # per-prompt scores at the first evaluation
+        self.baseline = PairedBaseline()  # the first evaluation's per-prompt scores
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -218,7 +219,7 @@ class GRPOTrainer:
         metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
         metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
-        metrics |= _update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
+        metrics |= update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
         return metrics | times
 
     # ---- the phases -------------------------------------------------------------------------
@@ -423,27 +424,10 @@ class GRPOTrainer:
         if merged:
             self._sync_engine()
         self._push_schedule()
-        result |= self._paired_delta(self.ranks.gather_strided(correct))
+        result |= self.baseline.delta(self.ranks.gather_strided(correct))
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)
         return result
-
-    def _paired_delta(self, correct: list[float]) -> dict:
-        """Accuracy now minus at the first evaluation, on the same prompts, with a paired 95% CI.
-
-        `correct`: every rank's per-prompt scores in prompt order, the same list on every rank
-        (a rank's own share may be empty, and the checkpoint holds rank 0's copy).
-        """
-        if not correct:
-            return {}
-        if self._first_eval is not None and len(self._first_eval) != len(correct):
-            # A resumed run may change rl.eval.num_prompts: pairs no longer line up.
-            log.warning("evaluation prompts changed: this evaluation is the new baseline")
-            self._first_eval = None
-        if self._first_eval is None:
-            self._first_eval = correct
-            return {}
-        return paired_difference(correct, self._first_eval)
 
     def _check_nonfinite(self, update: dict) -> None:
         if update.get("skipped", 0.0) > 0:
@@ -458,72 +442,6 @@ class GRPOTrainer:
         else:
             self.nonfinite_streak = 0
 
-    # ---- checkpoints ------------------------------------------------------------------------
-
-    def state_dict(self) -> dict:
-        return {
-            "prompts": self.prompts.state_dict(),
-            "controller": None if self.controller is None else self.controller.state_dict(),
-            "engine_generate_calls": self.engine.num_generate_calls,
-            "nonfinite_streak": self.nonfinite_streak,
-            "first_eval": self._first_eval,
-            "distill": None if self.distill is None else self.distill.state_dict(),
-        }
-
-    def save(self) -> Path:
-        return self.checkpoints.save(self.step, self.state_dict(), self.actor.save_checkpoint)
-
-    def _maybe_resume(self) -> None:
-        """Resume from a checkpoint (resume=auto: the newest complete one) after checking that
-        the run dir's stored config matches; cut the run history back to the resumed step."""
-        config = asdict(self.cfg)
-        # Rank 0 picks and checks the checkpoint for all: a rank on another node could see an
-        # older listing of the shared run dir and load another step, and each rank would
-        # otherwise checksum every checkpoint file again.
-        path = self.ranks.from_rank0(lambda: self._checkpoint_to_resume(config))
-        if path is not None:
-            self._load_checkpoint(path)
-        self.logger.resume_at(self.step if path is not None else -1)
-        if self.rank == 0:
-            save_run_config(self.run_dir, config)
-
-    def _checkpoint_to_resume(self, config: dict) -> Path | None:
-        """The checkpoint `resume` names (auto: the newest complete one), checked against the
-        run dir's stored config; None to start afresh."""
-        resume = self.cfg.resume
-        if resume == "never":
-            return None
-        path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
-        if path is not None:
-            check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
-        return path
-
-    def _load_checkpoint(self, path: Path) -> None:
-        loaded = self.checkpoints.load(path)
-        try:
-            self.actor.load_checkpoint(loaded.actor_dir)
-        except RuntimeError as err:  # e.g. tensor shapes of another model
-            raise ResumeMismatch(
-                f"checkpoint {path} does not fit this model ({' '.join(str(err).split())[:200]}"
-                "); use another run_dir or resume=never"
-            ) from err
-        state = loaded.state
-        self.prompts.load_state_dict(state["prompts"])
-        if self.controller is not None and state["controller"] is not None:
-            self.controller.load_state_dict(state["controller"])
-        self.engine.num_generate_calls = state["engine_generate_calls"]
-        self.nonfinite_streak = state["nonfinite_streak"]
-        self._first_eval = state.get("first_eval")
-        self.step = loaded.step
-        if self.distill is not None:
-            if state.get("distill") is not None:
-                self.distill.load_state_dict(state["distill"])
-            self.distill.load_base(self.actor.gathered_state_dict())
-        self._sync_engine()
-        self._push_schedule()
-        if self.rank == 0:
-            print(f"resumed from {path} at step {self.step}", flush=True)
-
     def plan(self) -> str:
         return format_plan(
             self.cfg,
@@ -532,11 +450,3 @@ class GRPOTrainer:
             self.actor.model.config,
             self.train_data.prompt_lengths(),
         )
-
-
-def _update_metrics(update: dict) -> dict:
-    """The actor's and DistillSparse's update metrics under their dashboard names."""
-    named = {"loss": "loss/loss", "pg_loss": "loss/pg_loss"}
-    return {
-        k if k.startswith("distill/") else named.get(k, f"update/{k}"): v for k, v in update.items()
-    }

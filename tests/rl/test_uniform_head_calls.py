@@ -8,11 +8,12 @@ Two gloo ranks score batches of different lengths through PolicyWithLogprobs wit
 """
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from test_distributed import clean_env, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,13 +51,8 @@ WORKER = textwrap.dedent(
 
 
 def head_calls(uniform: bool) -> tuple[int, int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE"}}
-    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=path)
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(rank), str(int(uniform))],

@@ -65,10 +65,10 @@ CHECK = textwrap.dedent(
     # 8 rows, micro-batches of up to 6 rows: rank 0 has 4 groups of 2 (slices 6 + 2 rows),
     # rank 1 two groups of 4 (4 + 4 rows): 2 slices each, but not the same calls.
     runs = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3] if rank == 0 else [0, 0, 0, 0, 1, 1, 1, 1])
-    got = _micro_batches(runs, 6, torch.device("cpu"))
+    got = _micro_batches(runs, 6)
     assert got == [slice(0, 6), slice(6, 8)], got
     same = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # equal structures keep the shared slices
-    assert _micro_batches(same, 6, torch.device("cpu")) == [slice(0, 6), slice(6, 8)]
+    assert _micro_batches(same, 6) == [slice(0, 6), slice(6, 8)]
 
     lengths = [2, 3] if rank == 0 else [5, 1]  # completion tokens of this rank's 2 rows
     mask = torch.tensor([[True] * n + [False] * (6 - n) for n in lengths])  # (2, 6)
@@ -133,18 +133,16 @@ def test_paired_delta_needs_prompts_and_restarts_when_they_change():
     """The trainer's eval delta on the gathered scores: no prompts anywhere gives nothing (a
     rank's empty share used to raise), and a resumed run with another rl.eval.num_prompts takes
     its first evaluation as the new baseline instead of raising on unequal lists."""
-    from types import SimpleNamespace
+    from sparrow.train.evaluation import PairedBaseline
 
-    from sparrow.train.trainer import GRPOTrainer
-
-    trainer = SimpleNamespace(_first_eval=None)
-    assert GRPOTrainer._paired_delta(trainer, []) == {}
-    assert trainer._first_eval is None
-    assert GRPOTrainer._paired_delta(trainer, [0.0, 1.0, 0.0]) == {}
-    delta = GRPOTrainer._paired_delta(trainer, [1.0, 1.0, 0.0])
+    baseline = PairedBaseline()
+    assert baseline.delta([]) == {}
+    assert baseline.scores is None
+    assert baseline.delta([0.0, 1.0, 0.0]) == {}
+    delta = baseline.delta([1.0, 1.0, 0.0])
     assert delta["eval/delta"] == 1.0 / 3
-    assert GRPOTrainer._paired_delta(trainer, [1.0, 1.0]) == {}  # 2 prompts now: new baseline
-    assert trainer._first_eval == [1.0, 1.0]
+    assert baseline.delta([1.0, 1.0]) == {}  # 2 prompts now: new baseline
+    assert baseline.scores == [1.0, 1.0]
 
 
 def test_each_rank_samples_its_own_stream(tmp_path, monkeypatch):
