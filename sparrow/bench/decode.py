@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="sparrow-bench decode", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="sparrow-bench decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", nargs="+", default=["torch", "triton"])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--hidden", type=int, default=64, help="hidden size (attention shapes fixed)")

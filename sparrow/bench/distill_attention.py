@@ -135,7 +135,7 @@ def measure_time(seq_len: int, budget_tokens: int, repeats: int) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     p.add_argument("--budget-tokens", type=int, default=512)
     p.add_argument("--masked-max-length", type=int, default=8192, help="skip masked beyond this")

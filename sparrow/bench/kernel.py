@@ -44,7 +44,7 @@ PEAK_TBPS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # vendor HBM bandwidth by 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(prog="sparrow-bench kernel", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="sparrow-bench kernel", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if cuda else "cpu")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--contexts", type=int, nargs="+", default=None, help="context tokens")

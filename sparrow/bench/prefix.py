@@ -97,7 +97,7 @@ def _engine_config(args, prompts: list[list[int]], share: bool) -> EngineConfig:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sparrow-bench prefix", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="sparrow-bench prefix", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--prompts", type=int, default=200, help="held-out prompts")

@@ -219,7 +219,7 @@ def _timed(fn) -> float:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sparrow-bench rollout", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="sparrow-bench rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=16, help="engine vs HF: prompts")

@@ -264,7 +264,7 @@ def _write(path: str | None, report: dict) -> None:
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         prog="sparrow-bench step",
-        description=__doc__.split("\n")[0],
+        description=__doc__.split("\n\n")[0],
         epilog="Remaining arguments are Hydra overrides (key=value), as for sparrow-train.",
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
