@@ -17,6 +17,7 @@ outputs are dropped. Torch-free bookkeeping apart from the tensors themselves.
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -89,67 +90,87 @@ class DecodePlan:
 
     def update(self, seqs: list[Sequence], budgets: list[int] | None) -> DecodeStep:
         """The step for `seqs` (each with a page for its input token) and their page budgets
-        (None: dense). Frees the slots of sequences no longer decoded."""
-        live = {id(s) for s in seqs}
-        for key in [k for k in self._slot_of if k not in live]:
-            self._release(self._slot_of.pop(key))
+        (None: dense). Frees the slots of sequences no longer decoded.
+
+        One pass over the sequences collects both the table entries that changed and the
+        per-row values: at 256 sequences the step's cost is this Python loop (~2 us a row), so
+        it reads each sequence's fields once."""
+        keys = [id(s) for s in seqs]
+        slot_of = self._slot_of
+        known_slots = [slot_of.get(k) for k in keys]
+        if len(slot_of) > len(keys) - known_slots.count(None):
+            live = set(keys)  # some slots belong to sequences no longer decoded
+            for key in [k for k in slot_of if k not in live]:
+                self._release(slot_of.pop(key))
         if len(seqs) > len(self._owner):
             self._grow(rows=len(seqs))
-        longest = max(len(s.page_table) for s in seqs)
+        ps = self.page_size
+        known, epoch = self._known, self._epoch
+        slots, tokens, lens, last_page = [], [], [], []
+        rows, cols, pages = [], [], []
+        longest = 0
+        for seq, slot in zip(seqs, known_slots, strict=True):
+            if slot is None or epoch[slot] != seq.num_preemptions:
+                slot = self._assign(seq, slot)
+            table_row, completion = seq.page_table, seq.completion_ids
+            n, written = len(table_row), known[slot]
+            if n != written:
+                if n < written:  # pages were replaced under the same sequence: rewrite the row
+                    written = 0
+                rows += [slot] * (n - written)
+                cols += range(written, n)
+                pages += table_row[written:n]
+                known[slot] = n
+            if n > longest:
+                longest = n
+            num_tokens = len(seq.prompt_ids) + len(completion)
+            slots.append(slot)
+            tokens.append(completion[-1] if completion else seq.prompt_ids[-1])
+            lens.append(num_tokens)
+            last_page.append(table_row[(num_tokens - 1) // ps])
         if longest > self.table.shape[1]:
             self._grow(columns=longest)
-        slots, rows, cols, pages = [], [], [], []
-        for seq in seqs:
-            slot = self._slot_of.get(id(seq))
-            if slot is None or self._epoch[slot] != seq.num_preemptions:
-                slot = self._assign(seq, slot)
-            known, n = self._known[slot], len(seq.page_table)
-            if n < known:  # pages were replaced under the same sequence: rewrite the row
-                known = 0
-            if n > known:
-                rows += [slot] * (n - known)
-                cols += range(known, n)
-                pages += seq.page_table[known:n]
-                self._known[slot] = n
-            slots.append(slot)
         self.last_update_entries = len(pages)
         if pages:
             entries = self._host([rows, cols, pages])  # (3, E)
             self.table[entries[0], entries[1]] = entries[2].to(torch.int32)
-        return self._step(seqs, budgets, slots, longest)
+        return self._step(budgets, slots, tokens, lens, last_page, longest)
 
     def _step(
-        self, seqs: list[Sequence], budgets: list[int] | None, slots: list[int], longest: int
+        self,
+        budgets: list[int] | None,
+        slots: list[int],
+        tokens: list[int],
+        lens: list[int],
+        last_page: list[int],
+        longest: int,
     ) -> DecodeStep:
-        ps, num = self.page_size, len(seqs)
-        lens = [s.num_tokens for s in seqs]
+        ps, num = self.page_size, len(slots)
         batch = bucket(num) if self.pad_shapes else num
         columns = min(bucket(longest), self.table.shape[1]) if self.pad_shapes else longest
         pad = batch - num
-        positions = [n - 1 for n in lens]
-        last_page = [s.page_table[p // ps] for s, p in zip(seqs, positions, strict=True)]
-        fill = [p % ps + 1 for p in positions]
-        budget_row = budgets if budgets is not None else [0] * num
-        packed = self._host(
-            [
-                [s.last_token_id for s in seqs] + [0] * pad,
-                positions + [0] * pad,
-                [pg * ps + f - 1 for pg, f in zip(last_page, fill, strict=True)]
-                + [self.scratch_page * ps] * pad,
-                last_page + [self.scratch_page] * pad,
-                fill + [1] * pad,
-                lens + [1] * pad,
-                budget_row + [self.floor] * pad,
-                slots + [self.pad_slot] * pad,
-            ]
-        )  # (8, B)
+        positions = np.asarray(lens, dtype=np.int64) - 1  # (num,)
+        fill = positions % ps + 1
+        packed = np.empty((8, batch), dtype=np.int64)
+        packed[:, num:] = np.array(
+            [0, 0, self.scratch_page * ps, self.scratch_page, 1, 1, self.floor, self.pad_slot]
+        )[:, None]  # padding rows: a one-token sequence on the scratch page
+        packed[0, :num] = tokens
+        packed[1, :num] = positions
+        packed[3, :num] = last_page
+        packed[2, :num] = packed[3, :num] * ps + fill - 1
+        packed[4, :num] = fill
+        packed[5, :num] = lens
+        packed[6, :num] = budgets if budgets is not None else 0
+        packed[7, :num] = slots
+        rows = self._to_device(torch.from_numpy(packed))  # (8, B)
         if pad == 0 and slots == list(range(num)):
             # Rows in slot order (the steady state: no sequence finished since the slots were
             # handed out): the table's leading rows are the step's table, no copy. Later
             # updates write in place, after this step's forward in stream order.
             table = self.table[:num, :columns]  # (B, P) view
         else:
-            table = self.table[:, :columns].index_select(0, packed[7])  # (B, P)
+            table = self.table[:, :columns].index_select(0, rows[7])  # (B, P)
         max_selected = max_top = 0
         if budgets is not None:
             pages = [-(-n // ps) for n in lens]
@@ -160,7 +181,7 @@ class DecodePlan:
                 max_selected = min(bucket(max_selected), columns)
                 max_top = min(bucket(max_top), columns) if max_top else 0
         return DecodeStep(
-            rows=packed[:7],
+            rows=rows[:7],
             page_table=table,
             num_rows=num,
             sparse=budgets is not None,
@@ -169,9 +190,12 @@ class DecodePlan:
         )
 
     def _host(self, values: list[list[int]]) -> Tensor:
-        """One (len(values), n) int64 device tensor from host lists: a single copy, from pinned
-        memory and non-blocking on CUDA."""
-        t = torch.tensor(values, dtype=torch.int64)
+        """One (len(values), n) int64 device tensor from host lists (numpy converts lists of
+        ints ~3x faster than torch.tensor)."""
+        return self._to_device(torch.from_numpy(np.array(values, dtype=np.int64)))
+
+    def _to_device(self, t: Tensor) -> Tensor:
+        """A single copy, from pinned memory and non-blocking on CUDA."""
         if self._pin:
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)

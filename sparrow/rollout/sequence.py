@@ -16,7 +16,7 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(slots=True)  # no per-object dict: the decode plan reads every row's fields each step
 class Sequence:
     seq_id: int  # position in the generate call's output order (prompt-major)
     group_id: int  # index of the prompt this sequence samples
