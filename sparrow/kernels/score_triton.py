@@ -51,10 +51,16 @@ def _page_score_kernel(
         if COMPUTE_FP32:
             q, k_min, k_max = q.to(tl.float32), k_min.to(tl.float32), k_max.to(tl.float32)
         # In bf16/fp16 the products q_d * k_d are exact in the fp32 accumulator, so the bound
-        # equals the fp32 one up to summation order.
+        # equals the fp32 one up to summation order. Triton 3.6 (the GPU image's) returns bf16
+        # max/min in fp32 and tl.dot takes one dtype: cast back (exact). Each operand is formed
+        # right before its dot: both formed first took the fp32 variant to 255 registers.
         zero = tl.zeros_like(q)
-        bound = tl.dot(tl.maximum(q, zero), tl.trans(k_max), input_precision=DOT_PRECISION)
-        bound += tl.dot(tl.minimum(q, zero), tl.trans(k_min), input_precision=DOT_PRECISION)
+        bound = tl.dot(
+            tl.maximum(q, zero).to(k_max.dtype), tl.trans(k_max), input_precision=DOT_PRECISION
+        )
+        bound += tl.dot(
+            tl.minimum(q, zero).to(k_min.dtype), tl.trans(k_min), input_precision=DOT_PRECISION
+        )
         bound = tl.where(g_mask[:, None], bound, float("-inf"))  # (GROUP_PAD, BLOCK_P)
         score = tl.max(bound, axis=0)
     else:

@@ -140,9 +140,10 @@ def select_constexprs(page_size: int, num_sink: int, num_recent: int, width: int
 
 
 def select_num_warps(block_p: int) -> int:
-    """Warps for a row of `block_p` pages: up to 16 keys per thread (32 warps would cap a thread
-    at 64 registers)."""
-    return max(4, min(16, block_p // (32 * 16)))
+    """Warps for a row of `block_p` pages: up to 8 keys per thread (16 spilled 16 bytes at 4,096
+    pages and 8 warps with Triton 3.6, the GPU image's; 32 warps would cap a thread at 64
+    registers)."""
+    return max(4, min(16, block_p // (32 * 8)))
 
 
 def aot_signature(kernel: str, dtype: str, constexprs: dict) -> dict[str, str]:
