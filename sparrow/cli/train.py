@@ -54,8 +54,8 @@ def _train(argv: list[str] | None) -> int:
     from sparrow.malloc import tune_cpu_allocator
     from sparrow.train.graceful_stop import StopRequested
     from sparrow.train.run_config import ResumeMismatch
-    from sparrow.train.trainer import GRPOTrainer, NonFiniteStreak
-    from sparrow.train.weight_guard import NonFiniteWeights
+    from sparrow.train.trainer import GRPOTrainer
+    from sparrow.train.weight_guard import NonFiniteStreak, NonFiniteWeights
 
     tune_cpu_allocator()
 

@@ -112,7 +112,7 @@ class DecodePlan:
         for seq, slot in zip(seqs, known_slots, strict=True):
             if slot is None or epoch[slot] != seq.num_preemptions:
                 slot = self._assign(seq, slot)
-            table_row, completion = seq.page_table, seq.completion_ids
+            table_row = seq.page_table
             n, written = len(table_row), known[slot]
             if n != written:
                 if n < written:  # pages were replaced under the same sequence: rewrite the row
@@ -123,9 +123,9 @@ class DecodePlan:
                 known[slot] = n
             if n > longest:
                 longest = n
-            num_tokens = len(seq.prompt_ids) + len(completion)
+            num_tokens = seq.num_tokens
             slots.append(slot)
-            tokens.append(completion[-1] if completion else seq.prompt_ids[-1])
+            tokens.append(seq.last_token_id)
             lens.append(num_tokens)
             last_page.append(table_row[(num_tokens - 1) // ps])
         if longest > self.table.shape[1]:

@@ -57,13 +57,9 @@ from sparrow.train.step_report import (
     rollout_metrics,
     update_metrics,
 )
-from sparrow.train.weight_guard import check_weights
+from sparrow.train.weight_guard import check_weights, next_nonfinite_streak
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteStreak(RuntimeError):
-    """Too many consecutive updates skipped for NaN/Inf: stop instead of training on garbage."""
 
 
 @dataclass
@@ -361,7 +357,9 @@ class GRPOTrainer(CheckpointedRun):
             cfg.rollout.temperature,
         )
         update |= {k: self.ranks.extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
-        self._check_nonfinite(update)
+        self.nonfinite_streak = next_nonfinite_streak(
+            self.nonfinite_streak, update, self.step + 1, cfg.rl.max_nonfinite_streak
+        )
         return update | {"no_signal": 0.0}
 
     def _distill_update(self, batch, dense, token_advantages, num_tokens, weights) -> dict:
@@ -428,19 +426,6 @@ class GRPOTrainer(CheckpointedRun):
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)
         return result
-
-    def _check_nonfinite(self, update: dict) -> None:
-        if update.get("skipped", 0.0) > 0:
-            self.nonfinite_streak += 1
-            log.warning("step %d: non-finite loss or gradient, update skipped", self.step + 1)
-            if self.nonfinite_streak >= self.cfg.rl.max_nonfinite_streak:
-                raise NonFiniteStreak(
-                    f"{self.nonfinite_streak} consecutive updates had a non-finite loss or "
-                    f"gradient (last at step {self.step + 1}); stopping. Lower actor.lr or "
-                    "check the data; resume=auto restarts from the last checkpoint."
-                )
-        else:
-            self.nonfinite_streak = 0
 
     def plan(self) -> str:
         return format_plan(

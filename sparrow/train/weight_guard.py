@@ -1,4 +1,5 @@
-"""Finite weights after every update, or a clear stop before anything is saved.
+"""Finite weights after every update, or a clear stop before anything is saved; and a stop after
+too many updates in a row skipped for a non-finite loss or gradient.
 
 The actor skips updates whose loss or gradient is NaN/Inf, but a finite gradient times a huge
 learning rate (actor.lr=1e37) still leaves weights that are Inf, NaN or so large that the
@@ -9,6 +10,7 @@ checkpointed, so every checkpoint on disk holds finite weights and the newest on
 good state to resume from.
 """
 
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +20,31 @@ from torch import nn
 
 from sparrow.train.distributed import all_reduce_host
 
+log = logging.getLogger(__name__)
+
 
 class NonFiniteWeights(RuntimeError):
     """The parameters stopped being finite; str() names the step and the checkpoint to resume."""
+
+
+class NonFiniteStreak(RuntimeError):
+    """Too many consecutive updates skipped for NaN/Inf: stop instead of training on garbage."""
+
+
+def next_nonfinite_streak(streak: int, update: dict, step: int, max_streak: int) -> int:
+    """The streak after `step`'s update: one longer if the actor skipped it for a non-finite loss
+    or gradient, else 0. Raises NonFiniteStreak when it reaches `max_streak`."""
+    if update.get("skipped", 0.0) <= 0:
+        return 0
+    streak += 1
+    log.warning("step %d: non-finite loss or gradient, update skipped", step)
+    if streak >= max_streak:
+        raise NonFiniteStreak(
+            f"{streak} consecutive updates had a non-finite loss or gradient (last at step "
+            f"{step}); stopping. Lower actor.lr or check the data; resume=auto restarts from the "
+            "last checkpoint."
+        )
+    return streak
 
 
 def squared_norm(model: nn.Module, world_size: int) -> float:
