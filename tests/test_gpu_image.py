@@ -66,7 +66,7 @@ def test_the_hiding_is_real(deps, tmp_path):
     for name in ("hydra", "deepspeed", "math_verify", "gguf", "wandb", "datasets"):
         done = _python(["-c", f"import {name}"], env)
         assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, name
-    assert _python(["-c", "import sparrow.config, torch, transformers"], env).returncode == 0
+    assert _python(["-c", "import sparrow.train.config, torch, transformers"], env).returncode == 0
 
 
 def test_step_stage_imports_resolve_from_the_wheel_folder(deps, tmp_path):

@@ -1,8 +1,8 @@
 """Hydra composition of conf/ into a typed SparrowConfig, with one-line errors for bad input.
 
-The structured schema (sparrow/config.py) is registered as `sparrow_schema`, so a mistyped key or
-a value of the wrong type fails composition; the message names the key. This is the only place
-that turns a DictConfig into dataclasses.
+The structured schema (sparrow/train/config.py) is registered as `sparrow_schema`, so a mistyped
+key or a value of the wrong type fails composition; the message names the key. This is the only
+place that turns a DictConfig into dataclasses.
 """
 
 import os
@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from sparrow.cli.errors import UserError
-from sparrow.config import SparrowConfig
+from sparrow.train.config import SparrowConfig
 
 
 class ConfigError(UserError):

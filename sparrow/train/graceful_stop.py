@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from sparrow.train.distributed import all_reduce_host
+from sparrow.distributed import all_reduce_host
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DUPLICATE_WINDOW_S = 1.0  # a repeat this soon after the first signal is the same request

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from sparrow.config import SparrowConfig
+from sparrow.distributed import Ranks
 from sparrow.rl.actor_memory import (
     DecoderShape,
     micro_batch_activation_bytes,
@@ -13,7 +13,7 @@ from sparrow.rl.actor_memory import (
 )
 from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
-from sparrow.train.distributed import Ranks
+from sparrow.train.config import SparrowConfig
 
 
 def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ranks) -> dict:

@@ -25,12 +25,16 @@ from pathlib import Path
 
 import torch
 
-from sparrow.config import SparrowConfig
 from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
 from sparrow.control.kv_read import kv_pages, kv_read_ratio
 from sparrow.distill.distill_sparse import DistillSparse
+from sparrow.distributed import Ranks, rank_seed
 from sparrow.models.loading import load_model
+from sparrow.monitor.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
+from sparrow.monitor.exact_acceptance import exact_batch_acceptance
+from sparrow.monitor.rollout_plan import RolloutPlan, plan_rollout
+from sparrow.monitor.speedup_probe import measure_speedup
 from sparrow.rl.actor import DenseActor, LogprobOutput
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
@@ -38,18 +42,14 @@ from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
-from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
-from sparrow.train.distributed import Ranks, rank_seed
+from sparrow.train.config import SparrowConfig
 from sparrow.train.evaluation import PairedBaseline, evaluate
-from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.progress import StepClock
-from sparrow.train.rollout_plan import RolloutPlan, plan_rollout
 from sparrow.train.run_state import CheckpointedRun
-from sparrow.train.speedup_probe import measure_speedup
 from sparrow.train.step_report import (
     format_eval_line,
     format_plan,

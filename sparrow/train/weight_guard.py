@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sparrow.train.distributed import all_reduce_host
+from sparrow.distributed import all_reduce_host
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from sparrow.cli.train import main
-from sparrow.config import SparrowConfig
+from sparrow.train.config import SparrowConfig
 
 TINY = ["preset=tiny", "rl.eval.every=0", "rl.save_every=1"]
 

@@ -9,9 +9,9 @@ import transformers
 
 from sparrow.control.acceptance import exact_acceptance
 from sparrow.models.loading import tiny_model_config
+from sparrow.monitor.exact_acceptance import exact_batch_acceptance, prompt_runs
 from sparrow.rl.batch import RolloutBatch
 from sparrow.rollout.engine import EngineConfig, LLMEngine
-from sparrow.train.exact_acceptance import exact_batch_acceptance, prompt_runs
 
 PAGE = 4
 

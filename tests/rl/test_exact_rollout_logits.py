@@ -11,9 +11,9 @@ import transformers
 
 from sparrow.cli.config_loader import load_config
 from sparrow.models.loading import ModelConfig, load_model, tiny_model_config
+from sparrow.monitor.exact_acceptance import exact_batch_acceptance
 from sparrow.rl.batch import collate_rollouts
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
-from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.trainer import GRPOTrainer
 
 TEMPERATURE = 0.7

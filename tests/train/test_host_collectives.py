@@ -23,7 +23,7 @@ CHECK = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
     from torch import nn
-    from sparrow.train.distributed import Ranks, collective_device
+    from sparrow.distributed import Ranks, collective_device
     from sparrow.train.graceful_stop import GracefulStop
     from sparrow.train.weight_guard import squared_norm
 

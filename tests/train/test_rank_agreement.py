@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 CHECK = textwrap.dedent(
     """
     import threading, torch, torch.distributed as dist
-    from sparrow.train.distributed import Ranks, rank_seed
+    from sparrow.distributed import Ranks, rank_seed
     from types import SimpleNamespace as NS
-    from sparrow.train.exact_acceptance import _micro_batches
+    from sparrow.monitor.exact_acceptance import _micro_batches
     from sparrow.train.step_report import rollout_metrics
     from sparrow.train.run_config import ResumeMismatch
 
@@ -152,8 +152,8 @@ def test_each_rank_samples_its_own_stream(tmp_path, monkeypatch):
     from fake_actor import FakeActor
 
     from sparrow.cli.config_loader import load_config
+    from sparrow.distributed import rank_seed
     from sparrow.rollout.engine import SamplingParams
-    from sparrow.train.distributed import rank_seed
     from sparrow.train.trainer import GRPOTrainer
 
     cfg = load_config(["preset=tiny", "rl.eval.every=0", f"run_dir={tmp_path}"])

@@ -7,9 +7,9 @@ import torch
 
 from sparrow.control.acceptance import MonitorConfig
 from sparrow.control.kv_read import kv_pages, kv_read_ratio
-from sparrow.train.distributed import Ranks
+from sparrow.distributed import Ranks
+from sparrow.monitor.rollout_plan import plan_rollout
 from sparrow.train.phase_timer import PhaseTimer
-from sparrow.train.rollout_plan import plan_rollout
 
 
 def test_plan_rolls_the_last_prompts_densely_and_keeps_logits_of_every_kth_row():

@@ -17,8 +17,8 @@ from sparrow.control.acceptance import (
     flatten_completion,
     topk_acceptance_bound,
 )
+from sparrow.distributed import Ranks
 from sparrow.rl.batch import RolloutBatch
-from sparrow.train.distributed import Ranks
 
 
 @dataclass
