@@ -8,14 +8,17 @@ freshly built (differently initialised) actor, repeats that step and records bot
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm
 
-from sparrow.rl.actor import ActorConfig, DenseActor, split_micro_batches
-from sparrow.train.checkpoint import CheckpointManager
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_lm
+from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm  # noqa: E402
+
+from sparrow.rl.actor import ActorConfig, DenseActor, split_micro_batches  # noqa: E402
+from sparrow.train.checkpoint import CheckpointManager  # noqa: E402
 
 
 def run_step(actor, step, global_batch, micro_batch_size):

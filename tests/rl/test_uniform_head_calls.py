@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
-    sys.path.insert(0, "tests/rl")
+    sys.path.insert(0, "tests")
     from tiny_lm import grouped_batch, tiny_causal_lm, VOCAB
     from sparrow.rl.policy_logprobs import PolicyWithLogprobs
 

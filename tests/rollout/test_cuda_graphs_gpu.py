@@ -40,7 +40,7 @@ def test_graph_replay_equals_eager_for_every_batch_bucket(dtype):
 
 
 def test_generate_with_graphs_matches_eager_generate(lively_llama):
-    from conftest import random_prompts
+    from tiny_lm import random_prompts
 
     from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 

@@ -7,7 +7,7 @@ decode a one-token sequence on the scratch page, and the outputs must not change
 
 import pytest
 import torch
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 

@@ -1,7 +1,7 @@
 """The dense layers' contiguous K/V copy: the same K/V as the pages, when appended and rebuilt."""
 
 import torch
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.kernels import gather_kv, gather_plan, write_kv
 from sparrow.rollout.dense_kv import DenseKVCopy

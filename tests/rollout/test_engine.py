@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 

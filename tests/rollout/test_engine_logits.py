@@ -4,7 +4,7 @@ the same schedule (max abs diff over every row, token and vocabulary entry <= 1e
 per-sequence schedules, n > 1, preemption and every way a completion stops."""
 
 import torch
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import transformers
-from conftest import random_model, random_prompts
+from tiny_lm import random_model, random_prompts
 
 from sparrow.models.loading import tiny_model_config
 from sparrow.rollout.engine import EngineConfig, LLMEngine

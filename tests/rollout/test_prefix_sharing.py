@@ -3,7 +3,7 @@ tokens and log-probs as full prefills, dense or sparse, with preemption, and no 
 
 import pytest
 import torch
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams, shared_prefix_tokens

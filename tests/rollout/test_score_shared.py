@@ -2,7 +2,7 @@
 pages are shared by the rows that replay it, with the same logits as scoring every row alone."""
 
 import pytest
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.rollout.engine import EngineConfig, LLMEngine
 

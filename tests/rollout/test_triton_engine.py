@@ -12,7 +12,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from conftest import random_model, random_prompts  # noqa: E402
+from tiny_lm import random_model, random_prompts  # noqa: E402
 
 from sparrow.kernels import decode_triton, select_triton, swiglu_triton  # noqa: E402
 from sparrow.models.loading import LoadedModel, tiny_model_config  # noqa: E402

@@ -4,7 +4,7 @@ Drives `sparrow-train`'s main() in process (so each case costs a model load, not
 start): malformed configs and overrides, data files that are missing, empty or of the wrong
 types, a tokenizer without a chat template, prompts longer than the context window, and a reward
 that raises or hangs inside a real training step. The loader-level cases live in
-tests/rl/test_data.py, the reward guard's in tests/rl/test_rewards.py.
+tests/tasks/test_data.py, the reward guard's in tests/tasks/test_rewards.py.
 """
 
 import json

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.cli import calibrate
 from sparrow.control.calibration import (

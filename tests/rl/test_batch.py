@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import random_prompts
+from tiny_lm import random_prompts
 
 from sparrow.rl.batch import collate_rollouts
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams

@@ -1,6 +1,8 @@
-"""Tiny random causal LMs and batches for the actor/checkpoint/distributed tests."""
+"""Tiny random causal LMs, prompts and batches shared by the tests of several packages
+(rollout, rl, monitor, train); pytest puts tests/ on the import path with tests/conftest.py."""
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 VOCAB = 300
@@ -81,3 +83,15 @@ def pg_loss_fn(global_tokens: int):
         return loss, {"tokens_frac": mask.sum() / global_tokens}
 
     return loss_fn
+
+
+def random_model(config: transformers.PretrainedConfig, seed: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    # Skip the special tokens (0..2 in the tiny tokenizer) so EOS is not in prompts.
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]

@@ -1,6 +1,6 @@
 """Test-only fault point: run the real sparrow-train and freeze in one phase of one step.
 
-    python tests/reliability/pause_at.py PHASE STEP MARKER_FILE [sparrow-train overrides ...]
+    python tests/train/pause_at.py PHASE STEP MARKER_FILE [sparrow-train overrides ...]
 
 PHASE (all of them inside training step STEP; `none` never pauses):
     rollout     after the third decode step of the step's first engine.generate call

@@ -7,7 +7,7 @@ MiB) of the peak over steps 21-100, and the least-squares slope of the per-step 
 21-200 is under 0.1 MiB per step (20 MiB over the run). The per-step trace is written to
 $SPARROW_RSS_TRACE when set, and printed (run with -s to see it).
 
-    pytest tests/reliability/test_host_memory.py -m slow -s
+    pytest tests/train/test_host_memory.py -m slow -s
 """
 
 import json

@@ -13,7 +13,7 @@ from sparrow.control.schedule import (
     save_schedule_config,
 )
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "schedule"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "schedule"
 
 
 def test_budget_per_bin_and_past_the_last_bin():
