@@ -10,7 +10,8 @@ probability (Sparrow §method). Two estimators:
   exact term and omitted ids are >= 0, so it is a lower bound of the exact acceptance.
 
 The tail statistic pools tokens by absolute position (prompt + generated) in bins of `bin_tokens`
-and takes percentiles per bin (`bin_acceptance`); `AcceptanceMonitor` gathers a step's tokens.
+and takes percentiles per bin (`bin_acceptance`). Pure math: the monitor (sparrow/monitor/) decides
+which tokens are measured and pools them over ranks.
 """
 
 from dataclasses import dataclass
@@ -19,16 +20,6 @@ import torch
 from torch import Tensor
 
 PERCENTILES = (0.01, 0.05, 0.5)  # p1, p5, p50 of BinStats
-
-
-@dataclass
-class MonitorConfig:
-    bin_tokens: int = 2000  # width of a position bin (absolute position, prompt + generated)
-    top_k: int = 20  # K of the top-K bound; read by the engine and the actor that produce top-K
-    exact: bool = False  # also compute exact full-vocabulary acceptance (actor reads; costs a pass)
-    exact_fraction: float = 1.0  # share of sequences measured exactly (their T x V logits kept)
-    noise_floor_fraction: float = 0.0  # share of prompts rolled out densely (trainer reads)
-    speedup_every: int = 0  # every N steps time a dense rollout of the same prompts; 0: never
 
 
 @dataclass
@@ -131,47 +122,3 @@ def bin_acceptance(acceptance: Tensor, positions: Tensor, bin_tokens: int) -> li
         mean = float(vals.double().mean())
         stats.append(BinStats(b, start, start + bin_tokens, vals.numel(), mean, p1, p5, p50))
     return stats
-
-
-class AcceptanceMonitor:
-    """Collects one step's (acceptance, position) pairs; `summary()` gives per-bin stats.
-
-    The dense-vs-dense noise floor (same policy through engine and trainer numerics) is kept in
-    its own slot so it is logged beside, never mixed into, the sparse acceptance. In data-parallel
-    runs gather every rank's tokens before `update` so percentiles are over the global step.
-    """
-
-    def __init__(self, bin_tokens: int):
-        if bin_tokens <= 0:
-            raise ValueError(f"bin_tokens must be positive, got {bin_tokens}")
-        self.bin_tokens = bin_tokens
-        self.reset()
-
-    def reset(self) -> None:
-        self._acc: list[Tensor] = []
-        self._pos: list[Tensor] = []
-        self._floor_acc: list[Tensor] = []
-        self._floor_pos: list[Tensor] = []
-
-    def update(self, acceptance: Tensor, positions: Tensor) -> None:
-        """Add sparse-vs-dense tokens: acceptance (N,), positions (N,)."""
-        self._acc.append(acceptance.detach().float().cpu())
-        self._pos.append(positions.detach().long().cpu())
-
-    def update_noise_floor(self, acceptance: Tensor, positions: Tensor) -> None:
-        """Add dense-rollout-vs-dense-trainer tokens: acceptance (N,), positions (N,)."""
-        self._floor_acc.append(acceptance.detach().float().cpu())
-        self._floor_pos.append(positions.detach().long().cpu())
-
-    def summary(self) -> list[BinStats]:
-        """Per-bin stats of the sparse acceptance collected since the last reset."""
-        return self._summarise(self._acc, self._pos)
-
-    def noise_floor_summary(self) -> list[BinStats]:
-        """Per-bin stats of the noise floor collected since the last reset."""
-        return self._summarise(self._floor_acc, self._floor_pos)
-
-    def _summarise(self, acc: list[Tensor], pos: list[Tensor]) -> list[BinStats]:
-        if not acc:
-            return []
-        return bin_acceptance(torch.cat(acc), torch.cat(pos), self.bin_tokens)

@@ -90,7 +90,7 @@ class OnlineController:
         ] = ()  # per bin: raise/lower/hold/empty/saturated[+lifted]
 
     def update(self, stats: "Sequence[BinStats]") -> BudgetSchedule:
-        """Apply one step's per-bin stats (as from `AcceptanceMonitor.summary()`)."""
+        """Apply one step's per-bin stats (the monitor's `AcceptanceResult.stats`)."""
         cfg, grid = self.cfg, self.schedule.grid_pages
         by_bin = {}
         for s in stats:

@@ -11,7 +11,6 @@ import torch
 from torch import Tensor
 
 from sparrow.control.acceptance import (
-    AcceptanceMonitor,
     BinStats,
     bin_acceptance,
     flatten_completion,
@@ -48,13 +47,11 @@ def topk_bound(batch: RolloutBatch, dense) -> Tensor:
 
 
 class AcceptanceMetrics:
-    """Bins per-token acceptance into metrics; keeps the last step's pooled tokens in
-    `self.monitor` (the controller's view of the step)."""
+    """Bins per-token acceptance, pooled over ranks, into metrics and the controller's stats."""
 
     def __init__(self, bin_tokens: int, ranks: Ranks):
         self.bin_tokens = bin_tokens
         self.ranks = ranks
-        self.monitor = AcceptanceMonitor(bin_tokens)
 
     def measure(
         self, batch: RolloutBatch, dense, floor_rows: Tensor, exact: ExactAcceptance | None
@@ -64,7 +61,6 @@ class AcceptanceMetrics:
         was measured (None: the controller reads the top-K bound)."""
         mask = batch.completion_mask
         bound = topk_bound(batch, dense)  # (B, T)
-        self.monitor.reset()
         result = AcceptanceResult({}, [])
         result.metrics |= self._bins("accept_topk", bound, mask & ~floor_rows[:, None])
         if exact is not None:
@@ -74,28 +70,23 @@ class AcceptanceMetrics:
         else:
             values = bound
             sparse_mask, floor_mask = mask & ~floor_rows[:, None], mask & floor_rows[:, None]
-        result.metrics |= self._bins("accept", values, sparse_mask, "sparse", result)
-        if bool(floor_rows.any()):
-            result.metrics |= self._bins("noise_floor", values, floor_mask, "floor", result)
-        result.stats = self.monitor.summary()
+        result.metrics |= self._bins("accept", values, sparse_mask, result)
+        if bool(floor_rows.any()):  # logged beside, never mixed into, the controller's input
+            result.metrics |= self._bins("noise_floor", values, floor_mask)
         return result
 
-    def _bins(self, name: str, accept, mask, feed: str | None = None, result=None) -> dict:
-        """Mean, p1/p5/p50 per position bin of a (B, T) acceptance over `mask`; `feed` "sparse"
-        or "floor" also hands the tokens to the monitor's matching slot."""
+    def _bins(self, name: str, accept, mask, sparse: AcceptanceResult | None = None) -> dict:
+        """Mean, p1/p5/p50 per position bin of a (B, T) acceptance over `mask`, all ranks'
+        tokens pooled; `sparse` (the sparse policy's acceptance) also takes the per-bin stats
+        (the controller's input) and the per-token histogram."""
         values, positions = flatten_completion(accept, mask)
         values, positions = self.ranks.gather_tokens(values, positions)
-        if feed == "sparse":
-            self.monitor.update(values, positions)
-            stats = self.monitor.summary()
-            result.histograms[f"{name}/histogram"] = values.tolist()
-        elif feed == "floor":
-            self.monitor.update_noise_floor(values, positions)
-            stats = self.monitor.noise_floor_summary()
-        else:
-            stats = bin_acceptance(values, positions, self.bin_tokens)
+        stats = bin_acceptance(values, positions, self.bin_tokens)
+        if sparse is not None:
+            sparse.stats = stats
+            sparse.histograms[f"{name}/histogram"] = values.tolist()
         metrics = {f"{name}/mean": float(values.mean()) if len(values) else math.nan}
-        if feed == "sparse":  # counts in 20 bins over [0, 1], for sparrow-report's histogram
+        if sparse is not None:  # counts in 20 bins over [0, 1], for sparrow-report's histogram
             metrics[f"{name}/hist20"] = torch.histc(values.float(), 20, 0.0, 1.0).tolist()
         for s in stats:
             for stat in ("mean", "p1", "p5", "p50"):

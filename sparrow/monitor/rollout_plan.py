@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sparrow.control.acceptance import MonitorConfig
+from sparrow.monitor.config import MonitorConfig
 
 
 @dataclass

@@ -8,11 +8,11 @@ logger) and adds the run-level fields. Library code receives these dataclasses, 
 import os
 from dataclasses import dataclass, field
 
-from sparrow.control.acceptance import MonitorConfig
 from sparrow.control.controller import ControllerConfig
 from sparrow.control.schedule import ScheduleConfig
 from sparrow.distill.distill_sparse import DistillConfig
 from sparrow.models.loading import ModelConfig
+from sparrow.monitor.config import MonitorConfig
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.advantages import AdvantageConfig
 from sparrow.rl.losses import LossConfig

@@ -31,10 +31,9 @@ from sparrow.control.kv_read import kv_pages, kv_read_ratio
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.distributed import Ranks, rank_seed
 from sparrow.models.loading import load_model
-from sparrow.monitor.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
-from sparrow.monitor.exact_acceptance import exact_batch_acceptance
-from sparrow.monitor.rollout_plan import RolloutPlan, plan_rollout
-from sparrow.monitor.speedup_probe import measure_speedup
+from sparrow.monitor.acceptance_metrics import AcceptanceResult
+from sparrow.monitor.monitor import Monitor
+from sparrow.monitor.rollout_plan import RolloutPlan
 from sparrow.rl.actor import DenseActor, LogprobOutput
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
@@ -133,8 +132,15 @@ class GRPOTrainer(CheckpointedRun):
         self.shape = ModelShape.from_hf_config(loaded.model.config, dtype_bytes=4)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
-        self.acceptance = AcceptanceMetrics(cfg.monitor.bin_tokens, self.ranks)
-        self.monitor = self.acceptance.monitor  # this step's acceptance, as the controller saw it
+        self.monitor = Monitor(
+            cfg.monitor,
+            self.engine,
+            self.actor.model,
+            self.ranks,
+            self.sampling,
+            cfg.rl.group_size,
+            cfg.actor,
+        )
         self.step = 0
         self.nonfinite_streak = 0
         self.baseline = PairedBaseline()  # the first evaluation's per-prompt scores
@@ -187,19 +193,19 @@ class GRPOTrainer(CheckpointedRun):
         with timer("rollout"):
             prompts = next(self.prompts)[self.rank :: self.world]
             rollout = self._rollout(prompts)
+        with timer("rewards"):
             scores = self._rewards(prompts, rollout.outputs)
-        with timer("monitor"):
-            speedup = self._measured_speedup(prompts, rollout)
             # GRPO groups never span ranks (a rank rolls out whole groups): advantages are local.
             advantages = self.advantage_fn(scores.scores, rollout.batch.group_ids)  # (B,)
         with timer("logprobs"):
             dense = self._logprobs(rollout.batch)
         with timer("monitor"):
-            acceptance = self._acceptance(rollout, dense)
+            acceptance = self._acceptance(prompts, rollout, dense)
+        with timer("control"):
             control = self._control(rollout.batch, acceptance.stats)
+        with timer("update"):
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
-        with timer("update"):
             update = self._policy_update(rollout.batch, dense, token_advantages, num_tokens)
         with timer("distill"):
             # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
@@ -214,7 +220,7 @@ class GRPOTrainer(CheckpointedRun):
         self._log_histograms(acceptance.histograms)
         metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
         metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
-        metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
+        metrics |= acceptance.metrics | control | self._kv_read(rollout.batch)
         metrics |= update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
         return metrics | times
 
@@ -222,12 +228,9 @@ class GRPOTrainer(CheckpointedRun):
 
     def _rollout(self, prompts) -> Rollout:
         """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
-        sparse = self.engine.schedule  # None in dense mode
         # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
         dense_is_theta = self.distill is None or self.distill.cfg.gate
-        plan = plan_rollout(
-            self.cfg.monitor, len(prompts), self.cfg.rl.group_size, sparse, dense_is_theta
-        )
+        plan = self.monitor.plan(len(prompts), dense_is_theta)
         outputs = self.engine.generate(
             [p.token_ids for p in prompts],
             replace(self.sampling, return_logits=plan.logit_rows is not None),
@@ -253,15 +256,6 @@ class GRPOTrainer(CheckpointedRun):
             [prompts[o.prompt_index].answer for o in outputs],
         )
 
-    def _measured_speedup(self, prompts, rollout: Rollout) -> dict:
-        every = self.cfg.monitor.speedup_every
-        if self.engine.schedule is None or not every or (self.step + 1) % every:
-            return {}
-        ids = [p.token_ids for p in prompts]
-        return measure_speedup(
-            self.engine, ids, self.sampling, self.cfg.rl.group_size, rollout.stats
-        )
-
     def _logprobs(self, batch: RolloutBatch) -> LogprobOutput:
         """The dense policy's log-probs and top-K of the batch, at the rollout temperature (so
         that ratios, TIS and acceptance compare like with like)."""
@@ -274,26 +268,14 @@ class GRPOTrainer(CheckpointedRun):
             group_ids=batch.group_ids,
         )
 
-    def _acceptance(self, rollout: Rollout, dense: LogprobOutput) -> AcceptanceResult:
-        """The step's acceptance (exact where `monitor.exact`, from the rollout logits the batch
-        carries, else replayed under the schedule the batch was rolled out with: call before
-        the controller moves it). Frees the (C_b, V) kept logits before the update."""
-        batch, plan, exact = rollout.batch, rollout.plan, None
-        if self.cfg.monitor.exact:
-            rows = torch.tensor(plan.logit_rows)  # (B,) bool
-            sparse = self.engine.schedule
-            values = exact_batch_acceptance(
-                self.engine,
-                self.actor.model,
-                batch.select(torch.arange(len(batch))[rows]),
-                self.cfg.rollout.temperature,
-                self.cfg.actor.micro_batch_size,
-                [None if f else sparse for f in plan.floor_rows[rows].tolist()],
-                share_prefix=self.cfg.actor.share_prefix,
-            )
-            exact = ExactAcceptance(values, rows)
-        result = self.acceptance.measure(batch, dense, plan.floor_rows, exact)
-        batch.rollout_logits = None
+    def _acceptance(self, prompts, rollout: Rollout, dense: LogprobOutput) -> AcceptanceResult:
+        """The monitor's measurement of the step (under the schedule the batch was rolled out
+        with: call before the controller moves it); the outputs' kept logits are freed with the
+        batch's before the update."""
+        ids = [p.token_ids for p in prompts]
+        result = self.monitor.measure(
+            self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats
+        )
         for o in rollout.outputs:
             o.logits = None
         return result

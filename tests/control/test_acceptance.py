@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from sparrow.control.acceptance import (
-    AcceptanceMonitor,
     bin_acceptance,
     exact_acceptance,
     flatten_completion,
@@ -94,22 +93,3 @@ def test_flatten_completion_positions():
     mask = torch.tensor([[False, True, True, False], [False, False, True, False]])
     v, pos = flatten_completion(vals, mask)
     assert v.tolist() == [1.0, 2.0, 3.0] and pos.tolist() == [1, 2, 2]
-
-
-def test_monitor_accumulates_resets_and_keeps_noise_floor_apart():
-    mon = AcceptanceMonitor(bin_tokens=4)
-    mon.update(torch.tensor([0.5, 0.7]), torch.tensor([0, 1]))
-    mon.update(torch.tensor([0.9]), torch.tensor([5]))
-    mon.update_noise_floor(torch.tensor([0.99, 0.97]), torch.tensor([2, 6]))
-    s = mon.summary()
-    assert [(b.bin_index, b.count) for b in s] == [(0, 2), (1, 1)]
-    assert s[0].mean == pytest.approx(0.6) and s[0].p50 == pytest.approx(0.6)
-    f = mon.noise_floor_summary()
-    assert [(b.bin_index, b.mean) for b in f] == [
-        (0, pytest.approx(0.99)),
-        (1, pytest.approx(0.97)),
-    ]
-    mon.reset()
-    assert mon.summary() == [] and mon.noise_floor_summary() == []
-    with pytest.raises(ValueError):
-        AcceptanceMonitor(bin_tokens=0)

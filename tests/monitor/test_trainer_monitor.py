@@ -10,7 +10,6 @@ from sparrow.train.trainer import GRPOTrainer
 # 4-token pages and a 3-page budget: the ~30-token prompts decode sparsely from the first step.
 OVERRIDES = [
     "preset=tiny",
-    "rollout.engine.page_size=4",
     "schedule.page_size=4",
     "schedule.mode=fixed",
     "schedule.budgets_pages=[3]",
@@ -36,12 +35,15 @@ def step_metrics(tmp_path_factory):
         return outs
 
     trainer.engine.generate = recording_generate
+    controller_input = []
+    update = trainer.controller.update
+    trainer.controller.update = lambda stats: controller_input.append(stats) or update(stats)
     metrics = trainer.train_step()
-    return trainer, metrics, generated
+    return trainer, metrics, generated, controller_input
 
 
 def test_noise_floor_prompts_roll_out_densely(step_metrics):
-    trainer, metrics, generated = step_metrics
+    trainer, metrics, generated, _ = step_metrics
     rollout = generated[0]  # the training rollout (then the timed dense probe)
     page = trainer.cfg.rollout.engine.page_size
     floor = [o for o in rollout if o.prompt_index == 3]  # 1 of the 4 prompts
@@ -53,12 +55,12 @@ def test_noise_floor_prompts_roll_out_densely(step_metrics):
 
 
 def test_noise_floor_is_logged_apart_from_what_the_controller_reads(step_metrics):
-    trainer, metrics, _ = step_metrics
+    _, metrics, _, controller_input = step_metrics
     floor_tokens = sum(v for k, v in metrics.items() if k.startswith("noise_floor/count/"))
     sparse_tokens = sum(v for k, v in metrics.items() if k.startswith("accept/count/"))
     assert floor_tokens > 0 and sparse_tokens > 0
-    assert sum(s.count for s in trainer.monitor.summary()) == sparse_tokens
-    assert sum(s.count for s in trainer.monitor.noise_floor_summary()) == floor_tokens
+    [stats] = controller_input  # the controller read the sparse rows' tokens, no floor token
+    assert sum(s.count for s in stats) == sparse_tokens
     # Dense engine vs dense actor in fp32: the floor is 1; the 3-page budget is not.
     assert metrics["noise_floor/p5_min"] > 0.9999
     assert metrics["accept/p5_min"] < metrics["noise_floor/p5_min"]
@@ -66,7 +68,7 @@ def test_noise_floor_is_logged_apart_from_what_the_controller_reads(step_metrics
 
 
 def test_measured_speedup_is_logged_beside_the_prediction(step_metrics):
-    _, metrics, generated = step_metrics
+    _, metrics, generated, _ = step_metrics
     assert len(generated) == 2  # rollout + the timed dense probe of the same prompts
     assert all(o.budget_pages.max() > 3 for o in generated[1] if len(o.token_ids) > 8)
     assert metrics["speedup/measured"] == pytest.approx(

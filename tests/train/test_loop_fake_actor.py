@@ -78,7 +78,8 @@ def test_two_steps_with_fake_actor(tmp_path):
     for row in rows:
         for key in ("reward/mean", "loss/loss", "update/grad_norm", "accept/p5_min"):
             assert isinstance(row[key], float), key
-        for phase in ("rollout", "logprobs", "monitor", "update", "distill", "sync", "step"):
+        phases = ("rollout", "rewards", "logprobs", "monitor", "control", "update", "distill")
+        for phase in (*phases, "sync", "step"):
             assert row[f"time/{phase}_s"] >= 0.0
         assert 0.0 < row["kv_read_ratio"] < 1.0  # the 3-page budget read fewer pages than dense
         assert row["schedule/budget_pages/bin0"] == 3

@@ -1,0 +1,100 @@
+"""The monitor: how far the sparse rollout policy is from the dense policy the trainer updates,
+measured on each step's own tokens. The trainer calls it twice per step:
+
+    monitor = Monitor(cfg.monitor, engine, actor.model, ranks, sampling, group_size, cfg.actor)
+    plan = monitor.plan(num_prompts, dense_is_theta)  # before the rollout
+    ...  # engine.generate(..., schedules=plan.schedules, logits_rows=plan.logit_rows)
+    result = monitor.measure(step, prompt_ids, batch, plan, dense, engine.last_stats)
+
+`plan` chooses the rows that roll out densely (the noise floor) and the rows whose logits the
+engine keeps (exact acceptance); `measure` computes the exact acceptance of those rows
+(exact_acceptance.py) and the paper's top-K bound of all rows, bins both by position over all
+ranks (acceptance_metrics.py), and every `speedup_every` steps times a dense re-rollout of the
+same prompts (speedup_probe.py). Its per-bin stats are the controller's input; the estimators and
+the binning are pure functions in sparrow/control/acceptance.py.
+"""
+
+import torch
+
+from sparrow.distributed import Ranks
+from sparrow.monitor.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
+from sparrow.monitor.config import MonitorConfig
+from sparrow.monitor.exact_acceptance import exact_batch_acceptance
+from sparrow.monitor.rollout_plan import RolloutPlan, plan_rollout
+from sparrow.monitor.speedup_probe import measure_speedup
+from sparrow.rl.actor_config import ActorConfig
+from sparrow.rl.batch import RolloutBatch
+
+
+class Monitor:
+    def __init__(
+        self,
+        cfg: MonitorConfig,
+        engine,
+        dense_model,
+        ranks: Ranks,
+        sampling,
+        group_size: int,
+        actor_cfg: ActorConfig,
+    ):
+        """`engine`: the rollout engine (its schedule, its replay of rows without kept logits);
+        `dense_model`: the actor's HF model; `sampling`: the rollout's SamplingParams, `group_size`
+        samples per prompt (the speedup probe re-rolls out with both); `actor_cfg`: the dense
+        log-prob pass's micro-batching, which the exact acceptance's dense pass repeats."""
+        self.cfg = cfg
+        self.engine = engine
+        self.dense_model = dense_model
+        self.sampling = sampling
+        self.group_size = group_size
+        self.actor_cfg = actor_cfg
+        self.metrics = AcceptanceMetrics(cfg.bin_tokens, ranks)
+
+    def plan(self, num_prompts: int, dense_is_theta: bool) -> RolloutPlan:
+        """The rows of this step's rollout of `num_prompts` prompts that decode densely and that
+        keep their logits, under the engine's current schedule; `dense_is_theta`: the engine's
+        dense decode is the dense policy (no adapter merged into its weights)."""
+        return plan_rollout(
+            self.cfg, num_prompts, self.group_size, self.engine.schedule, dense_is_theta
+        )
+
+    def measure(
+        self,
+        step: int,
+        prompt_ids: list[list[int]],
+        batch: RolloutBatch,
+        plan: RolloutPlan,
+        dense,
+        rollout_stats,
+    ) -> AcceptanceResult:
+        """Step `step`'s (0-based) acceptance of `batch` (rolled out from `prompt_ids` under
+        `plan`) against `dense`, the dense policy's log-probs and top-K of it (a LogprobOutput).
+        Call before the schedule moves: rows without kept logits are replayed under it. Adds
+        the measured speedup on its steps (`rollout_stats`: the rollout's RolloutStats) and
+        frees the batch's kept (C_b, V) logits."""
+        speedup = self._speedup(step, prompt_ids, rollout_stats)
+        exact = None
+        if self.cfg.exact:
+            rows = torch.tensor(plan.logit_rows)  # (B,) bool
+            sparse = self.engine.schedule
+            values = exact_batch_acceptance(
+                self.engine,
+                self.dense_model,
+                batch.select(torch.arange(len(batch))[rows]),
+                self.sampling.temperature,
+                self.actor_cfg.micro_batch_size,
+                [None if f else sparse for f in plan.floor_rows[rows].tolist()],
+                share_prefix=self.actor_cfg.share_prefix,
+            )
+            exact = ExactAcceptance(values, rows)
+        result = self.metrics.measure(batch, dense, plan.floor_rows, exact)
+        batch.rollout_logits = None
+        result.metrics |= speedup
+        return result
+
+    def _speedup(self, step: int, prompt_ids: list[list[int]], rollout_stats) -> dict:
+        every = self.cfg.speedup_every
+        if self.engine.schedule is None or not every or (step + 1) % every:
+            return {}
+        return measure_speedup(
+            self.engine, prompt_ids, self.sampling, self.group_size, rollout_stats
+        )
