@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from sparrow.experiments.parity_table import write_parity_report
-from sparrow.experiments.stability_study import REPO, StudyRun, drive_study
+from sparrow.experiments.study_runs import REPO, StudyRun, drive_study
 
 ARMS = {
     "online": ((), "online controller, tau 0.86 (the default)"),
@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     import signal
 
-    from sparrow.experiments.stability_study import _terminate
+    from sparrow.experiments.study_runs import _terminate
 
     signal.signal(signal.SIGTERM, _terminate)
     sys.exit(main())
