@@ -1,7 +1,10 @@
-"""Every reduction of a step's numbers over data-parallel ranks, in one place: sums, means,
-extremes, the pooling of per-token values before percentiles and of per-prompt scores, and the
-decisions rank 0 takes for all (which checkpoint to resume). With one rank each is the identity,
-and none of them needs DeepSpeed (plain torch.distributed).
+"""Every collective sparrow itself issues over data-parallel ranks, in one place: sums, means,
+extremes and bounds of a step's numbers, the pooling of per-token values before percentiles and
+of per-prompt scores, agreement checks, the adapter's gradient sum, barriers, and the decisions
+rank 0 takes for all (which checkpoint to resume). With one rank each is the identity (no
+collective is called), and none of them needs DeepSpeed: plain torch.distributed, importing no
+other part of sparrow, so every package can reach it (DeepSpeed's own gradient reduction and
+ZeRO gathers stay inside DeepSpeed).
 
 The step's numbers live on the host; `all_reduce_host` moves them to the device the process
 group's backend reduces on (NCCL reduces CUDA tensors only: a CPU tensor raises "No backend type
@@ -47,6 +50,13 @@ class Ranks:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
 
+    @classmethod
+    def of_process_group(cls) -> "Ranks":
+        """The default process group's ranks; one rank when there is none."""
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls(0, 1)
+
     def sum(self, value) -> float:
         t = torch.as_tensor(value, dtype=torch.float64).reshape(1)
         return float(all_reduce_host(t) if self.world > 1 else t)
@@ -69,6 +79,35 @@ class Ranks:
         if self.world > 1:
             t = all_reduce_host(t, dist.ReduceOp.MIN if how == "min" else dist.ReduceOp.MAX)
         return float(t)
+
+    def bounds(self, value: float) -> tuple[float, float]:
+        """(min, max) of `value` over all ranks, in one all-reduce."""
+        t = torch.tensor([value, -value], dtype=torch.float64)
+        if self.world > 1:
+            t = all_reduce_host(t, dist.ReduceOp.MAX)
+        return -float(t[1]), float(t[0])
+
+    def all_equal(self, value) -> bool:
+        """Whether every rank holds the same (picklable) `value`."""
+        if self.world == 1:
+            return True
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, value)
+        return all(other == value for other in everyone)
+
+    def sum_gradients_(self, params: list[Tensor]) -> None:
+        """Each parameter's gradient summed over ranks in place, on its device (a rank where a
+        parameter got none joins with zeros, so that every rank calls the same collectives)."""
+        if self.world == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
 
     def gather_tokens(self, values: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """All ranks' (N,) per-token values and their (N,) positions, concatenated."""

@@ -196,14 +196,16 @@ LIGHT_MODULES = [
 HEAVY = ("deepspeed", "wandb")
 
 
-def _pulled_in(modules: list[str]) -> list[str]:
-    """The HEAVY packages in sys.modules after importing `modules` in a fresh interpreter."""
+def _pulled_in(modules: list[str], path: Path | None = None) -> list[str]:
+    """The HEAVY packages in sys.modules after importing `modules` in a fresh interpreter
+    (with `path` on the import path too)."""
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"
         f"print('heavy:' + ','.join(n for n in {HEAVY!r} if n in sys.modules))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(PKG.parent)}
+    paths = [str(PKG.parent), *([str(path)] if path else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
@@ -219,3 +221,10 @@ def test_config_and_engine_paths_import_neither_deepspeed_nor_wandb():
 def test_transitive_import_check_sees_deepspeed():
     """The actor imports deepspeed: the check must notice, or it could never fail."""
     assert "deepspeed" in _pulled_in(["sparrow.rl.actor"])
+
+
+def test_the_trainer_with_a_plain_torch_actor_imports_no_deepspeed():
+    """The trainer takes its actor as an argument and imports DenseActor only to build the
+    default one, so the loop with tests/train/fake_actor.py's FakeActor needs no DeepSpeed."""
+    fake_actor = PKG.parent / "tests" / "train"
+    assert "deepspeed" not in _pulled_in(["sparrow.train.trainer", "fake_actor"], fake_actor)

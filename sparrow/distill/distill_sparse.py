@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from sparrow.distill.loss import distill_loss
 from sparrow.distill.sparse_policy import SparsePolicy
+from sparrow.distributed import Ranks
 from sparrow.rl.batch import RolloutBatch
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
@@ -132,7 +132,8 @@ class DistillSparse:
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         params = self.policy.parameters()
-        self._all_reduce_grads(params)
+        # Each rank's loss is already divided by the global token count: the sum is the mean.
+        Ranks.of_process_group().sum_gradients_(params)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         self.optimizer.step()
@@ -164,13 +165,3 @@ class DistillSparse:
         self.policy.load_adapter_state_dict(state["adapter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.num_steps = state["num_steps"]
-
-    @staticmethod
-    def _all_reduce_grads(params: list[Tensor]) -> None:
-        # Each rank's loss is already divided by the global token count: the sum is the mean.
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)

@@ -21,11 +21,11 @@ prompts), one row at a time, so at most one row's dense logits exist beside the 
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
 from sparrow.control.acceptance import exact_acceptance
+from sparrow.distributed import Ranks
 from sparrow.rl.batch import RolloutBatch
 from sparrow.rl.policy_logprobs import group_shared_hidden
 
@@ -128,20 +128,11 @@ def _micro_batches(runs: Tensor, micro_batch_size: int) -> list[slice]:
             slices[-1] = slice(slices[-1].start, end)
         else:
             slices.append(slice(start, end))
-    if _same_on_all_ranks([s.stop - s.start for s in slices]):
+    if Ranks.of_process_group().all_equal([s.stop - s.start for s in slices]):
         return slices
     return [
         slice(s, min(s + micro_batch_size, num_rows)) for s in range(0, num_rows, micro_batch_size)
     ]
-
-
-def _same_on_all_ranks(sizes: list[int]) -> bool:
-    """Whether every rank has the same slice sizes."""
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return True
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, sizes)
-    return all(other == sizes for other in everyone)
 
 
 def _split(batch: RolloutBatch) -> tuple[list[list[int]], list[list[int]]]:

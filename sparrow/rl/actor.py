@@ -26,7 +26,7 @@ import os
 import socket
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,16 +40,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 
+from sparrow.distributed import Ranks  # noqa: E402
 from sparrow.rl.activation_checkpointing import checkpoint_decoder_layers  # noqa: E402
-from sparrow.rl.actor_config import ActorConfig  # noqa: E402
-from sparrow.rl.micro_batches import (  # noqa: E402, F401  (split_micro_batches: re-exported)
+from sparrow.rl.actor_config import ActorConfig, lr_multiplier  # noqa: E402
+from sparrow.rl.micro_batches import (  # noqa: E402
     even_out,
     micro_batch_slices,
-    split_micro_batches,
     take,
     token_budget_slices,
 )
-from sparrow.rl.policy_logprobs import PolicyWithLogprobs, check_shared_prompts  # noqa: E402
+from sparrow.rl.policy_logprobs import (  # noqa: E402
+    LogprobOutput,
+    PolicyWithLogprobs,
+    check_shared_prompts,
+)
 
 deepspeed.utils.logger.setLevel(logging.WARNING)
 # DeepSpeed 0.19 calls these torch collectives under their deprecated names on every ZeRO step.
@@ -60,25 +64,6 @@ warnings.filterwarnings(
 )
 
 LossFn = Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, dict[str, Any]]]
-
-
-@dataclass
-class LogprobOutput:
-    token_logprobs: Tensor  # (B, T) fp32, log p(input_ids[:, t] | < t); 0 at t = 0 and on padding
-    topk_ids: Tensor  # (B, T, K) int64, the top-K token ids of the distribution at t
-    topk_logprobs: Tensor  # (B, T, K) fp32, their log-probs (full-vocabulary normalised)
-    entropy: Tensor  # (B, T) fp32, entropy of the distribution at t (nats)
-
-
-def lr_multiplier(step: int, cfg: ActorConfig) -> float:
-    """LR factor for optimizer step `step` (0-based): linear warmup, then constant or cosine."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant":
-        return 1.0
-    decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class DenseActor:
@@ -113,6 +98,7 @@ class DenseActor:
         self.engine.eval()
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
+        self.ranks = Ranks(self.rank, self.world_size)  # this actor's collectives
         # ZeRO-3 gathers the lm_head's weight at each of its calls, one per log-prob chunk.
         self.engine.module.uniform_head_calls = cfg.zero_stage == 3 and self.world_size > 1
         if self.world_size == 1 and cfg.zero_stage == 0:
@@ -192,9 +178,7 @@ class DenseActor:
         cpu = (None, None) if group_ids is None else (prompt_lens.cpu(), group_ids.cpu())
         slices = token_budget_slices(lengths, budget, *cpu)
         if self.world_size > 1:
-            count = torch.tensor([len(slices)], device=self.engine.device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            slices = even_out(slices, int(count))
+            slices = even_out(slices, int(self.ranks.extreme([len(slices)], "max")))
         return slices
 
     def _groups(
@@ -264,7 +248,7 @@ class DenseActor:
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
         grad_norm, skipped = self._optimizer_step()
-        totals = self._all_reduce_sum(sums)
+        totals = self.ranks.sums(sums)
         entropy_sum, entropy_count = totals.pop("entropy_sum"), totals.pop("entropy_count")
         totals["entropy"] = entropy_sum / max(entropy_count, 1.0)
         totals["grad_norm"] = grad_norm
@@ -294,18 +278,10 @@ class DenseActor:
         grad_norm = math.nan if grad_norm is None else float(grad_norm)
         return grad_norm, not self.engine.was_step_applied()
 
-    def _all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
-        keys = sorted(values)
-        packed = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-        packed = packed.to(self.engine.device)
-        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-        return dict(zip(keys, packed.tolist(), strict=True))
-
     def _check_same_count_on_all_ranks(self, count: int, what: str) -> None:
-        bounds = torch.tensor([count, -count], device=self.engine.device)
-        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
-        if bounds[0].item() != -bounds[1].item():
-            raise ValueError(f"{what}: ranks differ ({-bounds[1].item()}..{bounds[0].item()})")
+        low, high = self.ranks.bounds(count)
+        if low != high:
+            raise ValueError(f"{what}: ranks differ ({int(low)}..{int(high)})")
 
     def gathered_state_dict(self) -> dict[str, Tensor]:
         """Full HF-named weights on every rank (collective under ZeRO-3), for the engine sync.
@@ -349,7 +325,7 @@ class DenseActor:
             self.model.save_pretrained(str(directory), state_dict=state)
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(directory))
-        dist.barrier()
+        self.ranks.barrier()
 
 
 def _init_distributed(backend: str, timeout_min: float) -> None:

@@ -1,6 +1,8 @@
-"""The dense actor's settings (the `actor` config group), apart from the actor itself so that
-reading a config imports neither DeepSpeed nor the actor (benchmarks, the rollout engine)."""
+"""The dense actor's settings (the `actor` config group) and its LR schedule, apart from the actor
+itself so that reading a config imports neither DeepSpeed nor the actor (benchmarks, the rollout
+engine, the trainer run with a plain-torch actor)."""
 
+import math
 from dataclasses import dataclass
 
 
@@ -48,3 +50,14 @@ class ActorConfig:
             raise ValueError(
                 f"max_tokens_per_micro_batch must be >= 0, got {self.max_tokens_per_micro_batch}"
             )
+
+
+def lr_multiplier(step: int, cfg: ActorConfig) -> float:
+    """LR factor for optimizer step `step` (0-based): linear warmup, then constant or cosine."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -22,14 +22,27 @@ per group (prefix positions once per micro-batch) and copied to its rows.
 """
 
 import inspect
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
+
+from sparrow.distributed import Ranks
+
+
+@dataclass
+class LogprobOutput:
+    """The dense policy's scores of a batch, as the actor returns them (`compute_logprobs`)."""
+
+    token_logprobs: Tensor  # (B, T) fp32, log p(input_ids[:, t] | < t); 0 at t = 0 and on padding
+    topk_ids: Tensor  # (B, T, K) int64, the top-K token ids of the distribution at t
+    topk_logprobs: Tensor  # (B, T, K) fp32, their log-probs (full-vocabulary normalised)
+    entropy: Tensor  # (B, T) fp32, entropy of the distribution at t (nats)
+
 
 Scores = tuple[Tensor, Tensor, Tensor, Tensor]  # LogprobOutput's fields, in its order
 
@@ -161,7 +174,7 @@ class PolicyWithLogprobs(nn.Module):
         positions_per_chunk = max(1, self.chunk_tokens // max(rows, 1))
         chunks = -(-max(length, 1) // positions_per_chunk)  # one empty chunk when L = 0
         if self.uniform_head_calls:
-            chunks = _max_over_ranks(chunks, hidden.device)  # extra chunks are empty
+            chunks = int(Ranks.of_process_group().extreme([chunks], "max"))  # extras: empty
         parts = []
         for c in range(chunks):
             start = min(c * positions_per_chunk, length)
@@ -184,12 +197,6 @@ class PolicyWithLogprobs(nn.Module):
             entropy = -(logprobs.exp() * logprobs).sum(-1)  # (n, c)
             topk_lp, topk_ids = logprobs.topk(topk, dim=-1)  # (n, c, K)
         return token_lp, topk_ids, topk_lp, entropy
-
-
-def _max_over_ranks(count: int, device: torch.device) -> int:
-    t = torch.tensor([count], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
 
 
 class GroupShared(NamedTuple):

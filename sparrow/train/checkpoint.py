@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from sparrow.distributed import Ranks
+
 logger = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
@@ -267,5 +269,4 @@ def _rank() -> int:
 
 
 def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    Ranks.of_process_group().barrier()

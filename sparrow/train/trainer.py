@@ -34,10 +34,10 @@ from sparrow.models.loading import load_model
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
 from sparrow.monitor.monitor import Monitor
 from sparrow.monitor.rollout_plan import RolloutPlan
-from sparrow.rl.actor import DenseActor, LogprobOutput
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
+from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
@@ -70,9 +70,13 @@ class Rollout:
 
 
 class GRPOTrainer(CheckpointedRun):
-    def __init__(self, cfg: SparrowConfig, make_actor=DenseActor):
-        """`make_actor(model, cfg.actor)`: the dense policy's trainer (DenseActor, DeepSpeed);
-        tests pass a plain-torch one with the same interface."""
+    def __init__(self, cfg: SparrowConfig, make_actor=None):
+        """`make_actor(model, cfg.actor)`: the dense policy's trainer, by default DenseActor
+        (DeepSpeed, imported only then); tests pass a plain-torch one with the same interface."""
+        if make_actor is None:
+            from sparrow.rl.actor import DenseActor
+
+            make_actor = DenseActor
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
         loaded = load_model(cfg.model)

@@ -153,7 +153,8 @@ def test_each_prompt_runs_once_and_logits_only_at_completions(lively):
 def test_partitioned_actor_model_gives_the_same_acceptance(family):
     # The trainer passes the DeepSpeed actor's HF model: under ZeRO-3 its weights are
     # partitioned and gathered module by module as the decoder and the head are called.
-    from sparrow.rl.actor import ActorConfig, DenseActor
+    from sparrow.rl.actor import DenseActor
+    from sparrow.rl.actor_config import ActorConfig
 
     config = tiny_model_config(family, vocab_size=256)
     config.initializer_range = 0.2

@@ -17,7 +17,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_lm
 from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm  # noqa: E402
 
-from sparrow.rl.actor import ActorConfig, DenseActor, split_micro_batches  # noqa: E402
+from sparrow.rl.actor import DenseActor  # noqa: E402
+from sparrow.rl.actor_config import ActorConfig  # noqa: E402
+from sparrow.rl.micro_batches import split_micro_batches  # noqa: E402
 from sparrow.train.checkpoint import CheckpointManager  # noqa: E402
 
 

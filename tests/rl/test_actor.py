@@ -7,7 +7,9 @@ import torch
 from tiny_lm import VOCAB, pg_loss_fn, rl_batch, tiny_causal_lm
 from transformers import AutoModelForCausalLM
 
-from sparrow.rl.actor import ActorConfig, DenseActor, lr_multiplier, split_micro_batches
+from sparrow.rl.actor import DenseActor
+from sparrow.rl.actor_config import ActorConfig, lr_multiplier
+from sparrow.rl.micro_batches import split_micro_batches
 
 
 def reference_logprobs(model, input_ids, attention_mask, temperature=1.0):

@@ -5,7 +5,9 @@ import pytest
 import torch
 from tiny_lm import VOCAB, grouped_batch, pg_loss_fn, tiny_causal_lm
 
-from sparrow.rl.actor import ActorConfig, DenseActor, micro_batch_slices, split_micro_batches
+from sparrow.rl.actor import DenseActor
+from sparrow.rl.actor_config import ActorConfig
+from sparrow.rl.micro_batches import micro_batch_slices, split_micro_batches
 
 # Two groups with different prompts (lengths 9 and 5): unequal completion lengths (one of a
 # single token), right padding, and a group of 4 beside a group of 3.

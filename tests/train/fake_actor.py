@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from sparrow.rl.actor import ActorConfig, LogprobOutput, lr_multiplier
+from sparrow.rl.actor_config import ActorConfig, lr_multiplier
 from sparrow.rl.micro_batches import micro_batch_slices, take, token_budget_slices
-from sparrow.rl.policy_logprobs import PolicyWithLogprobs, check_shared_prompts
+from sparrow.rl.policy_logprobs import LogprobOutput, PolicyWithLogprobs, check_shared_prompts
 
 
 class FakeActor:

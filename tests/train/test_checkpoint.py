@@ -13,7 +13,9 @@ import pytest
 import torch
 from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm
 
-from sparrow.rl.actor import ActorConfig, DenseActor, split_micro_batches
+from sparrow.rl.actor import DenseActor
+from sparrow.rl.actor_config import ActorConfig
+from sparrow.rl.micro_batches import split_micro_batches
 from sparrow.train.checkpoint import MARKER, CheckpointManager
 
 STATE = {"data_position": 17, "controller": {"budgets": [4, 8]}, "metrics": {"reward": 0.5}}

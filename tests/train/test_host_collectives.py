@@ -1,4 +1,5 @@
-"""The step's host-side reductions (Ranks, GracefulStop, the weight guard) under each backend.
+"""The collectives of sparrow/distributed.py (and GracefulStop, the weight guard) under each
+backend.
 
 They reduce host numbers; NCCL reduces CUDA tensors only, so a CPU tensor handed to it raises
 "No backend type associated with device type cpu" on the first multi-rank step. Each check runs
@@ -38,6 +39,12 @@ CHECK = textwrap.dedent(
     assert ranks.extreme([0.2, 0.7], "min") == 0.2 and ranks.extreme([0.2, 0.7], "max") == 0.7
     assert ranks.sums({"a": 1.5, "b": 2.0}) == {"a": 1.5, "b": 2.0}
     assert ranks.from_rank0(lambda: "step_000002") == "step_000002"  # broadcast_object_list
+    assert ranks.bounds(3) == (3.0, 3.0)
+    ranks.barrier()
+    grad = nn.Parameter(torch.ones(2, device=collective_device()))  # none yet: joins as zeros
+    ranks.sum_gradients_([grad])
+    assert grad.grad.tolist() == [0.0, 0.0]
+    assert (Ranks.of_process_group().rank, Ranks.of_process_group().world) == (0, 1)
     assert GracefulStop().requested(2) is False
     layer = nn.Linear(3, 2)
     with torch.no_grad():

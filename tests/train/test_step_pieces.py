@@ -37,3 +37,7 @@ def test_one_rank_reductions_are_the_identity():
     assert ranks.extreme([1.0, -2.0], "min") == -2.0 and ranks.extreme([1.0, 5.0], "max") == 5.0
     values, positions = torch.rand(5), torch.arange(5)
     assert ranks.gather_tokens(values, positions) == (values, positions)
+    assert ranks.bounds(4) == (4.0, 4.0) and ranks.all_equal(object())
+    param = torch.nn.Parameter(torch.ones(2))
+    ranks.sum_gradients_([param])  # nothing to sum: no gradient is made up
+    assert param.grad is None
