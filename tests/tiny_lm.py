@@ -3,27 +3,22 @@
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM
+
+from sparrow.models.loading import tiny_model_config
 
 VOCAB = 300
 
 
 def tiny_causal_lm(family: str = "qwen3", seed: int = 0) -> torch.nn.Module:
-    """2 layers, hidden 64, 4 q / 2 kv heads of 16; the llama flavour ties its embeddings."""
-    common = dict(
+    """The tiny config with 2 layers and 300 ids; the llama flavour ties its embeddings."""
+    config = tiny_model_config(
+        family,
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         max_position_embeddings=256,
+        tie_word_embeddings=family != "qwen3",
     )
-    if family == "qwen3":
-        config = Qwen3Config(**common, tie_word_embeddings=False)
-    else:
-        config = LlamaConfig(**common, tie_word_embeddings=True)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()
 

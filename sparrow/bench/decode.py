@@ -34,6 +34,7 @@ if not torch.cuda.is_available():  # before anything imports triton: the interpr
 import transformers  # noqa: E402
 
 from sparrow.bench.dispatch_counter import DispatchCounter, count_triton_launches  # noqa: E402
+from sparrow.models.shape import ModelShape  # noqa: E402
 from sparrow.rollout.block_manager import BlockManager  # noqa: E402
 from sparrow.rollout.linear import Linear  # noqa: E402
 from sparrow.rollout.model_runner import ModelRunner  # noqa: E402
@@ -66,17 +67,18 @@ class RandomWeights:
     def __init__(self, config, seed: int = 0, device: str = "cpu"):
         self.config = config
         gen = torch.Generator().manual_seed(seed)
-        h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
-        q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+        s = ModelShape.from_hf_config(config)
+        h, d, inter = s.hidden_size, s.head_dim, s.intermediate_size
+        q, kv = s.num_q_heads * d, s.kv_dim
 
         def w(*shape, scale=0.02):
             return torch.randn(shape, generator=gen) * scale
 
         self._state = {
-            "model.embed_tokens.weight": w(config.vocab_size, h),
+            "model.embed_tokens.weight": w(s.vocab_size, h),
             "model.norm.weight": 1 + w(h),
         }
-        for i in range(config.num_hidden_layers):
+        for i in range(s.num_layers):
             p = f"model.layers.{i}."
             self._state.update({
                 p + "input_layernorm.weight": 1 + w(h),

@@ -44,20 +44,22 @@ def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
     """The engine shape of every GPU preset (conf/preset/*_gpu.yaml), from the composed config
     (the engine's page size, for one, is interpolated from the schedule's)."""
     from sparrow.cli.config_loader import load_config
-    from sparrow.models.random_init import QWEN3_COMMON, QWEN3_SHAPES
+    from sparrow.models.random_init import random_model_config
+    from sparrow.models.shape import ModelShape
 
     shapes = []
     for path in sorted((conf_dir / "preset").glob("*_gpu.yaml")):
         cfg = load_config([f"preset={path.stem}"])
         engine = cfg.rollout.engine
-        model = QWEN3_COMMON | QWEN3_SHAPES[cfg.model.name.split("/")[-1].lower()]
+        name = cfg.model.name.split("/")[-1].lower()  # Qwen/Qwen3-1.7B -> qwen3-1.7b
+        model = ModelShape.from_hf_config(random_model_config(name))
         shapes.append(
             EngineShape(
-                num_q_heads=model["num_attention_heads"],
-                num_kv_heads=model["num_key_value_heads"],
-                head_dim=model["head_dim"],
-                hidden_size=model["hidden_size"],
-                qk_norm=True,  # Qwen3
+                num_q_heads=model.num_q_heads,
+                num_kv_heads=model.num_kv_heads,
+                head_dim=model.head_dim,
+                hidden_size=model.hidden_size,
+                qk_norm=model.qk_norm,
                 page_size=engine.page_size,
                 score=engine.score,
                 dtype=getattr(torch, engine.dtype),

@@ -16,43 +16,18 @@ one decode step: the token at absolute position t attends over t tokens, as in s
 
 from dataclasses import dataclass
 
+import torch
+
 from sparrow.control.schedule import BudgetSchedule
+from sparrow.models.shape import ModelShape
+from sparrow.rollout.engine import EngineConfig
 
 
-@dataclass
-class ModelShape:
-    num_layers: int  # transformer blocks
-    hidden: int  # model width
-    num_heads: int  # query heads
-    num_kv_heads: int  # key/value heads (GQA)
-    head_dim: int  # per-head width
-    intermediate: int  # gated MLP width (three hidden x intermediate matrices)
-    vocab: int  # LM-head rows
-    dtype_bytes: int = 2  # bytes per weight / KV element (bf16)
-
-    @classmethod
-    def from_hf_config(cls, config, dtype_bytes: int = 2) -> "ModelShape":
-        """From a transformers Llama/Qwen3-style config (attributes read, nothing imported)."""
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // (
-            config.num_attention_heads
-        )
-        return cls(
-            config.num_hidden_layers,
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            head_dim,
-            config.intermediate_size,
-            config.vocab_size,
-            dtype_bytes,
-        )
-
-    @property
-    def num_params(self) -> int:
-        """Weights read per decode step (norms and the embedding gather are negligible)."""
-        attn = self.hidden * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        return self.num_layers * (attn + mlp) + self.vocab * self.hidden
+def weights_read(shape: ModelShape) -> int:
+    """Weights read per decode step (norms and the embedding gather are negligible)."""
+    attn = shape.hidden_size * shape.head_dim * (2 * shape.num_q_heads + 2 * shape.num_kv_heads)
+    mlp = 3 * shape.hidden_size * shape.intermediate_size
+    return shape.num_layers * (attn + mlp) + shape.vocab_size * shape.hidden_size
 
 
 @dataclass
@@ -60,6 +35,14 @@ class CostConfig:
     flops_per_byte: float = 206.0  # I: hardware FLOPs per byte of memory traffic (H200 ~206)
     num_dense_layers: int = 2  # leading layers that stay dense (Sparrow: layers 0 and 1)
     summary_vectors_per_page: int = 1  # key vectors per page summary: 1 mean key, 2 Quest min/max
+    dtype_bytes: int = 2  # bytes per weight, KV and summary element (bf16)
+
+
+def engine_cost_config(engine: EngineConfig) -> CostConfig:
+    """The cost model of the engine that rolls out: its dense layers and its dtype (bf16 on the
+    GPU presets reads half the bytes of the CPU default's fp32)."""
+    dtype_bytes = torch.empty((), dtype=getattr(torch, engine.dtype)).element_size()
+    return CostConfig(num_dense_layers=len(engine.dense_layers), dtype_bytes=dtype_bytes)
 
 
 @dataclass
@@ -81,11 +64,10 @@ def decode_cost(
     `schedule` None is dense attention in every layer."""
     num_dense = min(cfg.num_dense_layers, shape.num_layers) if schedule else shape.num_layers
     num_sparse = shape.num_layers - num_dense
-    attn_flops_per_token = 4 * shape.num_heads * shape.head_dim  # QK and PV, per layer
-    kv_bytes_per_token = 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes  # per layer
-    summary_bytes = cfg.summary_vectors_per_page * shape.num_kv_heads * shape.head_dim
-    summary_bytes *= shape.dtype_bytes  # per page and layer
-    summary_flops = 2 * cfg.summary_vectors_per_page * shape.num_heads * shape.head_dim
+    attn_flops_per_token = 4 * shape.num_q_heads * shape.head_dim  # QK and PV, per layer
+    kv_bytes_per_token = 2 * shape.kv_dim * cfg.dtype_bytes  # per layer
+    summary_bytes = cfg.summary_vectors_per_page * shape.kv_dim * cfg.dtype_bytes  # page, layer
+    summary_flops = 2 * cfg.summary_vectors_per_page * shape.num_q_heads * shape.head_dim
 
     read_tokens = 0  # per sequence, summed over steps and layers
     summary_pages = 0  # per sequence, summed over steps and sparse layers
@@ -95,12 +77,13 @@ def decode_cost(
             pages = -(-t // schedule.page_size)
             read_tokens += num_sparse * min(schedule.budget_tokens(t), t)
             summary_pages += num_sparse * pages
+    params = weights_read(shape)
     compute = batch_size * (
-        output_tokens * 2 * shape.num_params
+        output_tokens * 2 * params
         + read_tokens * attn_flops_per_token
         + summary_pages * summary_flops
     )
-    memory = output_tokens * shape.num_params * shape.dtype_bytes + batch_size * (
+    memory = output_tokens * params * cfg.dtype_bytes + batch_size * (
         read_tokens * kv_bytes_per_token + summary_pages * summary_bytes
     )
     return DecodeCost(float(compute), float(memory), compute + cfg.flops_per_byte * memory)

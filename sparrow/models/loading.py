@@ -132,21 +132,28 @@ def _publish(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
-def tiny_model_config(family: str, vocab_size: int = 512) -> transformers.PretrainedConfig:
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),
-        pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
+def tiny_model_config(family: str, vocab_size: int = 512, **shape) -> transformers.PretrainedConfig:
+    """The tiny debug model (`tiny-qwen3`, `tiny-llama`): 4 layers, hidden 64, 4 query / 2 KV
+    heads of 16, tied embeddings, the tiny tokenizer's special ids; `shape` overrides any field
+    (the one tiny config: tests, the `qwen3-debug` random model and the actor bench size theirs
+    from it)."""
+    common = (
+        dict(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),
+            pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
+        )
+        | shape
     )
     if family == "qwen3":
         return transformers.Qwen3Config(**common, rope_theta=1_000_000.0)

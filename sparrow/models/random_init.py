@@ -9,7 +9,8 @@ outputs are noise, so benchmarks generate fixed lengths (ignore EOS). The vocabu
 one (151,936: the LM head is a large share of a small model's decode); the tokenizer is the
 tiny local BPE (sparrow.models.loading), so prompts tokenize offline and sampled ids it lacks
 decode to nothing.
-`qwen3-debug` is a tiny flavour of the same path for CPU tests.
+`qwen3-debug` is the tiny Qwen3 (sparrow.models.loading.tiny_model_config, 3 layers, 1,024 ids)
+through the same path, for CPU tests.
 """
 
 import argparse
@@ -20,7 +21,12 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from sparrow.models.loading import TINY_SPECIAL_TOKENS, LoadedModel, tiny_tokenizer
+from sparrow.models.loading import (
+    TINY_SPECIAL_TOKENS,
+    LoadedModel,
+    tiny_model_config,
+    tiny_tokenizer,
+)
 
 # From the public Qwen3 configs (hidden, MLP width, layers, query heads, KV heads, tied embeddings).
 QWEN3_SHAPES = {
@@ -48,16 +54,6 @@ QWEN3_SHAPES = {
         num_key_value_heads=8,
         tie_word_embeddings=False,
     ),
-    "qwen3-debug": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        vocab_size=1024,
-        head_dim=16,
-    ),
 }
 QWEN3_COMMON = dict(
     vocab_size=151936,
@@ -71,9 +67,16 @@ QWEN3_COMMON = dict(
 )
 
 
+RANDOM_MODELS = sorted([*QWEN3_SHAPES, "qwen3-debug"])
+
+
 def random_model_config(name: str) -> transformers.Qwen3Config:
+    if name == "qwen3-debug":
+        return tiny_model_config(
+            "qwen3", vocab_size=1024, num_hidden_layers=3, max_position_embeddings=40960
+        )
     if name not in QWEN3_SHAPES:
-        raise ValueError(f"unknown random model {name!r}: expected one of {sorted(QWEN3_SHAPES)}")
+        raise ValueError(f"unknown random model {name!r}: expected one of {RANDOM_MODELS}")
     return transformers.Qwen3Config(**(QWEN3_COMMON | QWEN3_SHAPES[name]))
 
 
@@ -108,7 +111,7 @@ def save_random_model(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sparrow.models.random_init", description=__doc__)
-    p.add_argument("name", choices=sorted(QWEN3_SHAPES))
+    p.add_argument("name", choices=RANDOM_MODELS)
     p.add_argument("directory")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--seed", type=int, default=0)

@@ -10,46 +10,24 @@ plus one layer's activations and their gradients during its replay. The chunked 
 states are not included (they do not depend on the micro-batch).
 """
 
-from dataclasses import dataclass
-
-
-@dataclass
-class DecoderShape:
-    hidden: int
-    intermediate: int
-    layers: int
-    kv_dim: int  # num_key_value_heads * head_dim
-    vocab: int
-
-    @classmethod
-    def from_hf(cls, config) -> "DecoderShape":
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        return cls(
-            config.hidden_size,
-            config.intermediate_size,
-            config.num_hidden_layers,
-            kv_heads * head_dim,
-            config.vocab_size,
-        )
+from sparrow.models.shape import ModelShape
 
 
 def micro_batch_activation_bytes(
-    shape: DecoderShape,
+    shape: ModelShape,
     tokens: int,
     checkpointing: bool,
     chunk_tokens: int,
     bytes_per_value: int = 2,
 ) -> int:
     """Estimated peak activation bytes of a forward + backward over `tokens` decoder tokens."""
-    per_layer = 10 * shape.hidden + 4 * shape.intermediate + 2 * shape.kv_dim  # values/token
-    cache = shape.layers * 2 * shape.kv_dim  # the shared prompt's K/V, kept for the completions
+    per_layer = 10 * shape.hidden_size + 4 * shape.intermediate_size + 2 * shape.kv_dim  # /token
+    cache = shape.num_layers * 2 * shape.kv_dim  # the shared prompt's K/V, kept for completions
     if checkpointing:
-        kept = shape.layers * shape.hidden + 2 * per_layer + cache
+        kept = shape.num_layers * shape.hidden_size + 2 * per_layer + cache
     else:
-        kept = shape.layers * per_layer + cache
-    logits = 3 * chunk_tokens * shape.vocab * 4  # fp32 logits, log-softmax and their gradient
+        kept = shape.num_layers * per_layer + cache
+    logits = 3 * chunk_tokens * shape.vocab_size * 4  # fp32 logits, log-softmax and gradient
     return tokens * kept * bytes_per_value + logits
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sparrow.kernels import add_rms_norm, qk_norm_rope, silu_mul
+from sparrow.models.shape import ModelShape
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras
 from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
@@ -37,44 +38,16 @@ def hf_weight_name(raw_name: str) -> str | None:
     return None if name.endswith("rotary_emb.inv_freq") else name
 
 
-@dataclass
-class ModelShape:
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_eps: float
-    qk_norm: bool  # Qwen3: RMSNorm over each head of q and k before RoPE
-    attention_bias: bool
-    tied_embeddings: bool
-
-    @staticmethod
-    def from_config(config) -> "ModelShape":
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model_type {config.model_type!r} not supported; expected {SUPPORTED_MODEL_TYPES}"
-            )
-        if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
-            raise ValueError("only bias-free SwiGLU MLPs (hidden_act='silu') are supported")
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError("sliding-window attention is not supported")
-        heads = config.num_attention_heads
-        return ModelShape(
-            num_layers=config.num_hidden_layers,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_q_heads=heads,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-            vocab_size=config.vocab_size,
-            rms_eps=config.rms_norm_eps,
-            qk_norm=config.model_type == "qwen3",
-            attention_bias=bool(getattr(config, "attention_bias", False)),
-            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+def check_supported(config) -> None:
+    """Refuse an HF config this forward pass does not implement, in one line."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model_type {config.model_type!r} not supported; expected {SUPPORTED_MODEL_TYPES}"
         )
+    if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
+        raise ValueError("only bias-free SwiGLU MLPs (hidden_act='silu') are supported")
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError("sliding-window attention is not supported")
 
 
 @dataclass
@@ -112,7 +85,8 @@ class DecoderModel:
     ):
         """`triton_kernels`: run the fused Triton kernels below (the runner passes whether its
         attention backend runs Triton; None: on CUDA)."""
-        s = self.shape = ModelShape.from_config(config)
+        check_supported(config)
+        s = self.shape = ModelShape.from_hf_config(config)
         self.linear = linear or Linear("torch", batch_hint=1)
         self.rope: Rope = rope_from_config(config, s.head_dim)
         self.rope.inv_freq = self.rope.inv_freq.to(device)

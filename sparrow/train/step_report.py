@@ -6,11 +6,8 @@ import math
 import torch
 
 from sparrow.distributed import Ranks
-from sparrow.rl.actor_memory import (
-    DecoderShape,
-    micro_batch_activation_bytes,
-    micro_batch_decoder_tokens,
-)
+from sparrow.models.shape import ModelShape
+from sparrow.rl.actor_memory import micro_batch_activation_bytes, micro_batch_decoder_tokens
 from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
 from sparrow.train.config import SparrowConfig
@@ -128,7 +125,7 @@ def actor_plan(
         how = f"{actor.micro_batch_size} rows at most"
     bf16 = actor.precision == "bf16" or (actor.precision == "auto" and torch.cuda.is_available())
     peak = micro_batch_activation_bytes(
-        DecoderShape.from_hf(model_config),
+        ModelShape.from_hf_config(model_config),
         tokens,
         actor.activation_checkpointing,
         actor.logprob_chunk_tokens,

@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 
 from sparrow.control.controller import make_controller
-from sparrow.control.cost_model import CostConfig, ModelShape, predicted_speedup
+from sparrow.control.cost_model import engine_cost_config, predicted_speedup
 from sparrow.control.kv_read import kv_pages, kv_read_ratio
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.distributed import Ranks, rank_seed
 from sparrow.models.loading import load_model
+from sparrow.models.shape import ModelShape
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
 from sparrow.monitor.monitor import Monitor
 from sparrow.monitor.rollout_plan import RolloutPlan
@@ -133,7 +134,8 @@ class GRPOTrainer(CheckpointedRun):
         self.reward = build_reward(cfg.rl.reward)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
         self.loss_fn = PolicyLoss(cfg.rl.loss)
-        self.shape = ModelShape.from_hf_config(loaded.model.config, dtype_bytes=4)
+        self.shape = ModelShape.from_hf_config(loaded.model.config)
+        self.cost = engine_cost_config(eng)  # the rollout engine's dtype and dense layers
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
         self.monitor = Monitor(
@@ -292,11 +294,10 @@ class GRPOTrainer(CheckpointedRun):
         rolled_with = self.controller.schedule
         prompt_tokens = int(batch.prompt_lens.float().mean())
         output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
-        cost_cfg = CostConfig(num_dense_layers=len(self.cfg.rollout.engine.dense_layers))
         metrics = {
             "controller/tau": self.cfg.controller.tau,
             "speedup/predicted": predicted_speedup(
-                self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, cost_cfg
+                self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, self.cost
             ),
         }
         self.controller.update(stats)

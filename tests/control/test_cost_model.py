@@ -1,26 +1,33 @@
 """Decode cost model: a hand-computed case, dense limit, monotonicity in the budget."""
 
+from dataclasses import replace
 from itertools import pairwise
-from types import SimpleNamespace
 
 import pytest
 
-from sparrow.control.cost_model import CostConfig, ModelShape, decode_cost, predicted_speedup
+from sparrow.control.cost_model import (
+    CostConfig,
+    decode_cost,
+    engine_cost_config,
+    predicted_speedup,
+    weights_read,
+)
 from sparrow.control.schedule import BudgetSchedule
+from sparrow.models.shape import ModelShape
+from sparrow.rollout.engine import EngineConfig
 
 TINY = ModelShape(
     num_layers=2,
-    hidden=4,
-    num_heads=2,
+    hidden_size=4,
+    intermediate_size=8,
+    num_q_heads=2,
     num_kv_heads=1,
     head_dim=2,
-    intermediate=8,
-    vocab=10,
-    dtype_bytes=2,
+    vocab_size=10,
 )
-CFG = CostConfig(flops_per_byte=10.0, num_dense_layers=1, summary_vectors_per_page=1)
+CFG = CostConfig(flops_per_byte=10.0, num_dense_layers=1, summary_vectors_per_page=1, dtype_bytes=2)
 # Qwen3-1.7B's shape.
-QWEN3_1P7B = ModelShape(28, 2048, 16, 8, 128, 6144, 151936, 2)
+QWEN3_1P7B = ModelShape(28, 2048, 6144, 16, 8, 128, 151936)
 
 
 def _sched(pages):
@@ -29,7 +36,7 @@ def _sched(pages):
 
 def test_hand_computed_case():
     # Params per layer: q 16 + k 8 + v 8 + o 16 + MLP 96 = 144; x2 layers + LM head 40 = 328.
-    assert TINY.num_params == 328
+    assert weights_read(TINY) == 328
     # One step (prompt 32, 1 token), batch 1. Linear: 656 FLOPs, 656 bytes.
     # Dense layer over 32 tokens: 4*2*2*32 = 512 FLOPs, 2*1*2*2*32 = 256 bytes.
     dense = decode_cost(TINY, 32, 1, 1, None, CFG)
@@ -68,14 +75,18 @@ def test_speedup_falls_as_budget_grows_and_rises_with_context():
     assert short < speedups[0]
 
 
-def test_shape_from_hf_config():
-    hf = SimpleNamespace(
-        num_hidden_layers=30,
-        hidden_size=576,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        intermediate_size=1536,
-        vocab_size=49152,
+def test_the_engines_bf16_halves_the_kv_bytes_charged():
+    fp32, bf16 = (engine_cost_config(EngineConfig(dtype=d)) for d in ("float32", "bfloat16"))
+    assert (fp32.dtype_bytes, bf16.dtype_bytes) == (4, 2)
+    assert fp32.num_dense_layers == len(EngineConfig().dense_layers)
+
+    def kv_bytes(cfg):  # the bytes one more token of context adds: K/V, not weights
+        longer = decode_cost(QWEN3_1P7B, 4097, 1, 8, None, cfg).memory_bytes
+        return longer - decode_cost(QWEN3_1P7B, 4096, 1, 8, None, cfg).memory_bytes
+
+    assert kv_bytes(bf16) == kv_bytes(fp32) / 2 == 8 * 28 * 2 * 8 * 128 * 2
+    # The predicted speedup weighs them: a sparse schedule saves more of a larger share of bytes.
+    cfg = replace(bf16, flops_per_byte=206.0)
+    assert predicted_speedup(QWEN3_1P7B, 8192, 1024, 64, _sched(64), cfg) < predicted_speedup(
+        QWEN3_1P7B, 8192, 1024, 64, _sched(64), replace(cfg, dtype_bytes=4)
     )
-    s = ModelShape.from_hf_config(hf, dtype_bytes=4)
-    assert (s.head_dim, s.num_kv_heads, s.dtype_bytes) == (64, 3, 4)

@@ -2,11 +2,8 @@
 
 from transformers import Qwen3Config
 
-from sparrow.rl.actor_memory import (
-    DecoderShape,
-    micro_batch_activation_bytes,
-    micro_batch_decoder_tokens,
-)
+from sparrow.models.shape import ModelShape
+from sparrow.rl.actor_memory import micro_batch_activation_bytes, micro_batch_decoder_tokens
 from sparrow.train.step_report import actor_plan
 
 QWEN3_1P7B = Qwen3Config(
@@ -16,8 +13,8 @@ QWEN3_1P7B = Qwen3Config(
 
 
 def test_estimate_scales_with_tokens_and_checkpointing_cuts_it():
-    shape = DecoderShape.from_hf(QWEN3_1P7B)
-    assert shape.kv_dim == 8 * 128 and shape.layers == 28
+    shape = ModelShape.from_hf_config(QWEN3_1P7B)
+    assert shape.kv_dim == 8 * 128 and shape.num_layers == 28
 
     def gib(tokens, ckpt):
         return micro_batch_activation_bytes(shape, tokens, ckpt, 1024) / 2**30
