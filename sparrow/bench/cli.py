@@ -1,5 +1,7 @@
 """`sparrow-bench <name> [args]`: dispatch to a benchmark module's `main(argv)`.
 
+    sparrow-bench actor [--help]     the dense actor: share_prefix on vs off, peak RSS of an update
+    sparrow-bench decode [--help]    one decode step: launches per layer, host syncs, page table
     sparrow-bench kernel [--help]    paged sparse vs dense decode: time, bytes, HBM fraction
     sparrow-bench prefix [--help]    generate on few-shot prompts, shared prefix on vs off
     sparrow-bench rollout [--help]   engine vs HF generate; sparse vs dense decode and p5
@@ -15,6 +17,7 @@ import sys
 from sparrow.cli.errors import run_main
 
 COMMANDS = {
+    "actor": "sparrow.bench.actor",  # the dense actor: share_prefix on vs off, RSS of an update
     "decode": "sparrow.bench.decode",  # one decode step: launches per layer, host syncs, page table
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
     "prefix": "sparrow.bench.prefix",  # generate on few-shot prompts, shared prefix on vs off

@@ -1,0 +1,163 @@
+"""`sparrow-bench actor`: the dense actor's cost on one GRPO batch, in two measurements.
+
+    sparrow-bench actor prefix [--repeats 3] [--tiny]   # share_prefix on vs off: pass times
+    sparrow-bench actor memory 8 0 [--checkpointing]    # peak RSS of one update vs the estimate
+
+`prefix`: the log-prob pass and the update over a few-shot-shaped batch (8 groups x 6 rows,
+258-token prompts sharing their first 230 tokens, 25-token completions), the embedded SmolLM2
+(or a tiny Qwen3, --tiny), fp32 ZeRO-0 as conf/actor/cpu.yaml; two actors from the same weights,
+timed alternately; prints the median seconds off and on and their ratio.
+`memory GROUP MAX_TOKENS`: one update over one group of GROUP rows (a 64-token prompt and 1,024
+completion tokens each) on a tiny Qwen3 (hidden 256, 4 layers); MAX_TOKENS is the actor's token
+budget per micro-batch (0: the group whole). Prints the growth of the process's peak RSS over the
+update beside the plan line's activation estimate of its largest micro-batch
+(sparrow.rl.actor_memory); one setting per process, as ru_maxrss only grows.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import torch
+
+from sparrow.models.loading import ModelConfig, load_model, tiny_model_config
+from sparrow.models.shape import ModelShape
+from sparrow.rl.actor_config import ActorConfig
+from sparrow.rl.actor_memory import micro_batch_activation_bytes, micro_batch_decoder_tokens
+
+GROUPS, GROUP_SIZE, PREFIX, PROMPT, COMPLETION = 8, 6, 230, 258, 25
+MEMORY_PROMPT, MEMORY_COMPLETION, MEMORY_VOCAB = 64, 1024, 300
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    result = _prefix(args) if args.what == "prefix" else _memory(args)
+    print(json.dumps(result))
+    return 0
+
+
+def policy_gradient_loss(global_tokens: int):
+    """-A * logp over completion tokens, normalised by the step's completion-token count."""
+
+    def loss_fn(new_logprobs, mb):
+        mask = mb["completion_mask"].float()  # (b, T)
+        loss = -(mb["advantages"][:, None] * new_logprobs * mask).sum() / global_tokens
+        return loss, {}
+
+    return loss_fn
+
+
+def grouped_batch(groups: int, group_size: int, prefix: int, prompt: int, completion: int, vocab):
+    """`groups` GRPO groups of `group_size` rows: prompts of `prompt` tokens whose first `prefix`
+    are common to all groups, random completions of `completion` tokens."""
+    gen = torch.Generator().manual_seed(0)
+    common = torch.randint(1, vocab, (prefix,), generator=gen)
+    own = torch.randint(1, vocab, (groups, prompt - prefix), generator=gen)  # (G, P - S)
+    prompts = torch.cat([common.expand(groups, -1), own], 1).repeat_interleave(group_size, 0)
+    rows = groups * group_size
+    completions = torch.randint(1, vocab, (rows, completion), generator=gen)  # (B, C)
+    ids = torch.cat([prompts, completions], 1)  # (B, P + C)
+    completion_mask = torch.zeros_like(ids, dtype=torch.bool)
+    completion_mask[:, prompt:] = True
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids, dtype=torch.bool),
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(rows, generator=gen),  # (B,)
+        "prompt_lens": torch.full((rows,), prompt),  # (B,)
+        "group_ids": torch.arange(groups).repeat_interleave(group_size),  # (B,)
+    }
+
+
+def _prefix(args) -> dict:
+    from sparrow.rl.actor import DenseActor  # DeepSpeed: imported only when this runs
+
+    name = "tiny-qwen3" if args.tiny else "smollm2-135m-instruct"
+    actors = {}
+    for share_prefix in (False, True):
+        cfg = ActorConfig(
+            zero_stage=0, precision="fp32", lr=1e-5, micro_batch_size=args.micro_batch_size,
+            share_prompts=True, share_prefix=share_prefix,
+        )  # fmt: skip
+        actors[share_prefix] = DenseActor(load_model(ModelConfig(name)).model, cfg)
+    vocab = actors[True].model.config.vocab_size
+    batch = grouped_batch(GROUPS, GROUP_SIZE, PREFIX, PROMPT, COMPLETION, vocab)
+    warmup = {k: v[:GROUP_SIZE] for k, v in batch.items()}  # first calls' one-off costs
+    for actor in actors.values():
+        _time_passes(actor, warmup)
+    times = {share: ([], []) for share in actors}
+    for repeat in range(args.repeats):
+        for share in (False, True) if repeat % 2 == 0 else (True, False):
+            for i, seconds in enumerate(_time_passes(actors[share], batch)):
+                times[share][i].append(seconds)
+    result = {"model": name, "micro_batch_size": args.micro_batch_size, "n": args.repeats}
+    for i, name in enumerate(("compute_logprobs", "train_step")):
+        off, on = (statistics.median(times[share][i]) for share in (False, True))
+        result[name] = {"off_s": round(off, 2), "on_s": round(on, 2), "ratio": round(off / on, 2)}
+    return result
+
+
+def _time_passes(actor, batch: dict) -> tuple[float, float]:
+    start = time.perf_counter()
+    actor.compute_logprobs(
+        batch["input_ids"], batch["attention_mask"], topk=20,
+        prompt_lens=batch["prompt_lens"], group_ids=batch["group_ids"],
+    )  # fmt: skip
+    middle = time.perf_counter()
+    loss_fn = policy_gradient_loss(int(batch["completion_mask"].sum()))
+    actor.train_step(actor.micro_batches(batch), loss_fn)
+    return middle - start, time.perf_counter() - middle
+
+
+def _memory(args) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from sparrow.rl.actor import DenseActor  # DeepSpeed: imported only when this runs
+
+    torch.manual_seed(0)
+    config = tiny_model_config(
+        "qwen3", vocab_size=MEMORY_VOCAB, hidden_size=256, intermediate_size=512, head_dim=64,
+        max_position_embeddings=2048,
+    )  # fmt: skip
+    cfg = ActorConfig(
+        zero_stage=0, precision="fp32", micro_batch_size=args.group, share_prompts=True,
+        max_tokens_per_micro_batch=args.max_tokens, activation_checkpointing=args.checkpointing,
+    )  # fmt: skip
+    actor = DenseActor(AutoModelForCausalLM.from_config(config).eval(), cfg)
+    batch = grouped_batch(1, args.group, 0, MEMORY_PROMPT, MEMORY_COMPLETION, MEMORY_VOCAB)
+    micro_batches = actor.micro_batches(batch)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    actor.train_step(micro_batches, policy_gradient_loss(int(batch["completion_mask"].sum())))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rows = max(len(mb["input_ids"]) for mb in micro_batches)
+    estimate = micro_batch_activation_bytes(
+        ModelShape.from_hf_config(config),
+        micro_batch_decoder_tokens(rows, args.group, MEMORY_PROMPT, MEMORY_COMPLETION),
+        args.checkpointing,
+        cfg.logprob_chunk_tokens,
+        bytes_per_value=4,
+    )
+    return {
+        "group": args.group,
+        "max_tokens_per_micro_batch": args.max_tokens,
+        "checkpointing": args.checkpointing,
+        "micro_batch_rows": [len(mb["input_ids"]) for mb in micro_batches],
+        "peak_rss_growth_mib": round((peak - before) / 1024, 1),
+        "estimate_mib": round(estimate / 2**20, 1),
+    }
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sparrow-bench actor", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    prefix = sub.add_parser("prefix", help="share_prefix on vs off: log-prob pass and update")
+    prefix.add_argument("--repeats", type=int, default=3)
+    prefix.add_argument("--micro-batch-size", type=int, default=16)  # conf/actor/cpu.yaml
+    prefix.add_argument("--tiny", action="store_true", help="a tiny random Qwen3, not SmolLM2")
+    memory = sub.add_parser("memory", help="peak RSS of one update vs the activation estimate")
+    memory.add_argument("group", type=int, help="rows of the one GRPO group")
+    memory.add_argument("max_tokens", type=int, help="actor token budget per micro-batch; 0: off")
+    memory.add_argument("--checkpointing", action="store_true")
+    return p.parse_args(argv)
