@@ -1,15 +1,18 @@
 """Import boundaries and the dependency direction (docs/DESIGN.md, "Layout"), checked statically
 so that a violation fails CI.
 
-The direction: kernels -> rollout -> control -> rl -> distill -> train -> cli -> bench/experiments.
-A package imports only packages of a lower rank (and itself); packages of one rank do not import
-each other. `models` (loading weights) and `tasks` (prompts, rewards) depend on no other part of
-sparrow, so they sit at the bottom beside kernels; `config.py` composes every component's config
-and belongs to train; `malloc.py` is a leaf. No import cycle among the modules.
+The direction: kernels -> rollout -> control -> rl -> distill, monitor -> train -> cli ->
+bench, experiments. A package imports only packages of a lower rank (and itself); packages of one
+rank do not import each other. `models` (loading weights, the model shape), `tasks` (prompts,
+rewards) and the leaf modules `distributed.py` (collectives over ranks) and `malloc.py` depend on
+no other part of sparrow, so they sit at the bottom beside kernels. The run's config is
+train/config.py, ranked with train like any module (no exception). No import cycle among the
+modules. Each package's docstring maps its files.
 """
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +157,19 @@ def test_every_package_is_ranked():
     parts = {p.stem if p.is_file() else p.name for p in PKG.iterdir() if not p.name.startswith("_")}
     parts = {p for p in parts if (PKG / p).is_dir() or (PKG / f"{p}.py").is_file()}
     assert parts <= set(RANK), f"place {sorted(parts - set(RANK))} in RANK"
+
+
+@pytest.mark.parametrize(
+    "package",
+    sorted(p for p in PKG.iterdir() if (p / "__init__.py").is_file()),
+    ids=lambda p: p.name,
+)
+def test_every_package_maps_its_files(package):
+    """Each package's docstring names every module in it: the map a newcomer reads first."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    files = sorted(p.stem for p in package.glob("*.py") if p.name != "__init__.py")
+    missing = [f for f in files if not re.search(rf"\b{f}\b", doc)]
+    assert not missing, f"sparrow/{package.name}/__init__.py does not name {missing}"
 
 
 def test_layering_check_sees_violations(tmp_path):

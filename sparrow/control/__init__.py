@@ -1,0 +1,12 @@
+"""The sparsity control loop's pure math: no engine, no model, no ranks.
+
+    acceptance.py   a_t = sum_v min(p, q): exact and top-K bound; position bins and percentiles
+    schedule.py     BudgetSchedule: pages read per sparse layer, a step function of the position
+    controller.py   the online controller (raise a bin below tau, lower one safely above) and
+                    the fixed schedule
+    calibration.py  the offline sweep behind sparrow-calibrate: p5 per bin at each budget
+    cost_model.py   eFLOPs of dense vs block-sparse decode: the predicted speedup
+    kv_read.py      pages the sparse layers read over the pages a dense decode reads
+
+The monitor (sparrow/monitor/) decides which tokens are measured and feeds the controller.
+"""

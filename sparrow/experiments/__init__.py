@@ -2,12 +2,16 @@
 `python -m sparrow.experiments.<name>` (each prints its usage with --help):
 
 - stability_study: long GRPO runs at several tau (and dense, fixed-schedule, DistillSparse arms)
-  side by side; writes docs/stability/ (table and overlay plots).
+  side by side; writes docs/stability/ (stability_table.py: the table and overlay plots).
+- parity_study: learning parity of sparse (tail rule) vs dense rollouts over seeds at the
+  default run's size; writes docs/parity/ (parity_table.py).
+- study_runs: the arms of a study as sparrow-train processes (shared by the two studies above).
 - distill_experiment: DistillSparse's adapter on frozen theta: paired acceptance with and without
   it at fixed budgets, and the online controller with and without it (docs/distill/).
 - distill_budget_probe: a saved adapter at budgets other than the one it was trained at.
 - dense_shared_ab: dense decode of one prompt's samples, shared pages against per-row copies.
 - task_accuracy: a model's accuracy on an embedded task and the task's prompt lengths.
+- zero_signal_drift: how far AdamW moves the policy on steps whose advantages are all zero.
 
 They sit above train and cli in the dependency direction (tests/test_layering.py) and own no
 logic the trainer needs: the shared pieces (acceptance, KV-read ratio, schedules) are imported.

@@ -7,6 +7,12 @@ CPU fallback; "cpp" is one fused op (`sparse_decode`), so `select_pages` and `pa
 torch under it. Triton is imported only when a Triton backend is actually used, so CPU users
 never pay for it and tests can set TRITON_INTERPRET=1 before it is imported. This package imports
 nothing else from sparrow.
+
+paged_cache.py (KV layout, writes, page summaries), selection.py (page scores and choice),
+decode_torch.py (the torch reference and CPU path), decode_cpu.py + decode_cpu.cpp (the fused
+CPU kernel), reference.py (float64 loop references), checks.py (argument checks), the Triton
+kernels decode_triton.py, score_triton.py, select_triton.py, kv_write_triton.py,
+norm_rope_triton.py and swiglu_triton.py, and aot.py (ahead-of-time compilation for Hopper).
 """
 
 import torch

@@ -1,0 +1,8 @@
+"""Models by name; imports no other part of sparrow.
+
+loading.py      ModelConfig, HF and embedded SmolLM2 loading, the tiny debug configs and
+                tokenizer
+shape.py        ModelShape: the decoder's shape from an HF config (engine, cost model, actor
+                memory, benches)
+random_init.py  random-weight Qwen3-1.7B/4B/8B (and qwen3-debug) for GPU benchmarks
+"""

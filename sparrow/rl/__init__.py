@@ -1,0 +1,13 @@
+"""The algorithm: the rollout batch, GRPO advantages and loss, and the dense actor.
+
+batch.py                    RolloutBatch: the engine's outputs as padded (B, T) tensors
+advantages.py               group-relative advantages
+losses.py                   PPO clip (clip-higher, dual clip) x truncated importance sampling
+policy_logprobs.py          LogprobOutput and the module DeepSpeed wraps: decoder + chunked LM
+                            head, each GRPO group's prompt (and the common prefix) run once
+micro_batches.py            rows into micro-batches: by count or by a token budget
+activation_checkpointing.py recompute the decoder layers in backward
+actor_config.py             ActorConfig and the LR schedule (no DeepSpeed)
+actor_memory.py             the activation estimate of the plan line
+actor.py                    DenseActor: DeepSpeed ZeRO (the only module importing it)
+"""

@@ -119,21 +119,6 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k3": kl_k3}
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) over the last axis; -inf logits (masked ids) allowed.
-    (..., V) -> (...)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (..., V)
-    p = logp.exp()  # (..., V)
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
-
-
-def entropy_from_topk(topk_logprobs: Tensor) -> Tensor:
-    """Entropy restricted to the top-K tokens: -sum_k p_k log p_k, a lower bound on the full
-    entropy since every omitted term is >= 0. (..., K) full-vocab-normalised log-probs -> (...)."""
-    p = topk_logprobs.exp()  # (..., K)
-    return -torch.where(p > 0, p * topk_logprobs, torch.zeros_like(p)).sum(-1)
-
-
 def global_token_mean(values: Tensor, mask: Tensor, global_num_tokens: float | Tensor) -> Tensor:
     """sum(values over mask) / global_num_tokens: this micro-batch's share of the step mean.
 
@@ -193,7 +178,8 @@ class PolicyLoss:
                 Pass the true global count: sparrow's DenseActor undoes DeepSpeed's averaging
                 over ranks and micro-batches, so gradients add up to the step's token mean.
             ref_logprobs: (B, T) reference log-probs; required iff `needs_ref`.
-            entropy: (B, T) per-token entropy to log (e.g. `entropy_from_logits`), or None.
+            entropy: (B, T) per-token entropy to log (the actor's `LogprobOutput.entropy`), or
+                None.
         Returns:
             loss: () scalar with grad. metrics: () detached tensors, keys and their reduction
             over micro-batches/ranks in METRIC_REDUCTIONS; min/max are +inf/-inf on a micro-batch

@@ -5,6 +5,8 @@
     scheduler.py      queues, batches, preemption    (torch-free)
     rope.py, model.py, linear.py   Llama/Qwen3 forward on the engine's copy of HF weights
     paged_attention.py             paged KV cache, dense/sparse decode attention
+    dense_kv.py       the dense layers' contiguous K/V copy, appended to across steps
+    lora.py           an unmerged LoRA applied on the decode rows a gate selects (DistillSparse)
     decode_plan.py    persistent decode metadata, updated by what changed; shape buckets
     cuda_graph.py     decode forward captured and replayed per step shape
     model_runner.py   sequences -> tensors -> logits

@@ -1,0 +1,18 @@
+"""The GRPO loop and what runs around it; the one place that wires every component.
+
+    trainer.py         GRPOTrainer: train_step (the phases) and fit (evaluation, checkpoints)
+    config.py          SparrowConfig: the dataclass tree conf/ is validated against
+    step_report.py     rollout metrics, the plan line, the step and eval console lines
+    phase_timer.py     wall time per phase; the phases tile the step
+    evaluation.py      held-out accuracy with a Wilson interval, paired to the first evaluation
+    checkpoint.py      atomic, verified checkpoints; keep-last-N; resume lookup
+    run_state.py       what a checkpoint holds besides the actor; resume
+    run_config.py      the run dir's stored config and the resume-mismatch check
+    run_history.py     metrics.jsonl cut back to the resumed step
+    metrics_logger.py  metrics.jsonl, W&B (online, offline or off), histograms
+    weight_guard.py    non-finite weights and update streaks stop the run
+    graceful_stop.py   SIGTERM/SIGINT: finish the step, checkpoint, exit
+    progress.py        the step line's elapsed time and ETA
+
+Reductions over ranks come from sparrow/distributed.py.
+"""

@@ -69,7 +69,6 @@ def test_sparrow_calibrate_writes_a_monotone_schedule(tmp_path, capsys):
     rc = calibrate.main(
         [
             "preset=tiny",
-            "rollout.engine.page_size=4",
             "schedule.page_size=4",
             "schedule.bin_tokens=8",
             "rollout.max_new_tokens=12",

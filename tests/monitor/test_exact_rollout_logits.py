@@ -103,7 +103,6 @@ def test_trainer_keeps_logits_for_the_measured_rows_and_replays_none(tmp_path):
     cfg = load_config(
         [
             "preset=tiny",
-            "rollout.engine.page_size=4",
             "schedule.page_size=4",
             "schedule.mode=fixed",
             "schedule.budgets_pages=[3]",

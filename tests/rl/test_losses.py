@@ -9,8 +9,6 @@ from sparrow.rl.losses import (
     METRIC_REDUCTIONS,
     LossConfig,
     PolicyLoss,
-    entropy_from_logits,
-    entropy_from_topk,
     kl_k1,
     kl_k3,
 )
@@ -172,14 +170,6 @@ def test_masked_tokens_do_not_count_and_nan_safe():
 
 
 def test_entropy():
-    logits = torch.zeros(2, 4)
-    torch.testing.assert_close(entropy_from_logits(logits), torch.full((2,), math.log(4)))
-    masked = torch.tensor([0.0, 0.0, -math.inf])  # a masked id adds nothing, not NaN
-    assert entropy_from_logits(masked).item() == pytest.approx(math.log(2))
-    logp = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]]), -1)
-    top = logp.topk(2, -1).values
-    assert entropy_from_topk(top).item() < entropy_from_logits(logp).item()
-    assert entropy_from_topk(logp).item() == pytest.approx(entropy_from_logits(logp).item())
     logp_full, old, rollout, adv, mask = _inputs()
     ent = torch.full((1, 5), 2.0)
     _, m = PolicyLoss(LossConfig())(logp_full, old, rollout, adv, mask, 10, entropy=ent)

@@ -13,7 +13,6 @@ OVERRIDES = [
     "distill=default",
     "distill.lr_factor=100",  # a visible adapter after one step
     "distill.lambda_kl=1.0",  # the top-K KL term gets the actor's dense top-K
-    "rollout.engine.page_size=4",
     "schedule.page_size=4",
     "schedule.mode=fixed",
     "schedule.budgets_pages=[3]",
