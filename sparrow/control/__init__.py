@@ -1,4 +1,5 @@
-"""The sparsity control loop's pure math: no engine, no model, no ranks.
+"""The sparsity control loop: the math of acceptance, schedules, control and cost (no ranks, no
+trainer), and the offline calibration sweep that drives an engine it is given.
 
     acceptance.py   a_t = sum_v min(p, q): exact and top-K bound; position bins and percentiles
     schedule.py     BudgetSchedule: pages read per sparse layer, a step function of the position
