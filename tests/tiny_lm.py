@@ -11,13 +11,16 @@ VOCAB = 300
 
 
 def tiny_causal_lm(family: str = "qwen3", seed: int = 0) -> torch.nn.Module:
-    """The tiny config with 2 layers and 300 ids; the llama flavour ties its embeddings."""
+    """The tiny config with 2 layers and 300 ids, no padding row and RoPE base 1e4 (the model the
+    actor tests' tolerances were measured on); the llama flavour ties its embeddings."""
     config = tiny_model_config(
         family,
         vocab_size=VOCAB,
         num_hidden_layers=2,
         max_position_embeddings=256,
         tie_word_embeddings=family != "qwen3",
+        pad_token_id=None,
+        rope_theta=10_000.0,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()

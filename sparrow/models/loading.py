@@ -132,13 +132,22 @@ def _publish(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
-def tiny_model_config(family: str, vocab_size: int = 512, **shape) -> transformers.PretrainedConfig:
+def tiny_model_config(
+    family: str, vocab_size: int = 512, **fields
+) -> transformers.PretrainedConfig:
     """The tiny debug model (`tiny-qwen3`, `tiny-llama`): 4 layers, hidden 64, 4 query / 2 KV
-    heads of 16, tied embeddings, the tiny tokenizer's special ids; `shape` overrides any field
-    (the one tiny config: tests, the `qwen3-debug` random model and the actor bench size theirs
-    from it)."""
-    common = (
-        dict(
+    heads of 16, tied embeddings, the tiny tokenizer's special ids, the family's RoPE base;
+    `fields` overrides any of them (the one tiny config: tests, the `qwen3-debug` random model
+    and the actor bench size theirs from it)."""
+    families = {
+        "qwen3": (transformers.Qwen3Config, 1_000_000.0),
+        "llama": (transformers.LlamaConfig, 10_000.0),
+    }
+    if family not in families:
+        raise ValueError(f"unknown tiny model family {family!r}: expected 'qwen3' or 'llama'")
+    config_class, rope_theta = families[family]
+    return config_class(
+        **dict(
             vocab_size=vocab_size,
             hidden_size=64,
             intermediate_size=128,
@@ -152,14 +161,10 @@ def tiny_model_config(family: str, vocab_size: int = 512, **shape) -> transforme
             bos_token_id=None,
             eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),
             pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
+            rope_theta=rope_theta,
         )
-        | shape
+        | fields
     )
-    if family == "qwen3":
-        return transformers.Qwen3Config(**common, rope_theta=1_000_000.0)
-    if family == "llama":
-        return transformers.LlamaConfig(**common, rope_theta=10_000.0)
-    raise ValueError(f"unknown tiny model family {family!r}: expected 'qwen3' or 'llama'")
 
 
 def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
