@@ -40,7 +40,7 @@ from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
-from sparrow.train.distributed import Ranks, rank_seed
+from sparrow.train.distributed import Ranks
 from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
@@ -48,6 +48,7 @@ from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.progress import StepClock
 from sparrow.train.rollout_plan import RolloutPlan, plan_rollout
+from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
 from sparrow.train.run_state import CheckpointedRun
 from sparrow.train.speedup_probe import measure_speedup
 from sparrow.train.step_report import (
@@ -75,12 +76,22 @@ class GRPOTrainer(CheckpointedRun):
         """`make_actor(model, cfg.actor)`: the dense policy's trainer (DenseActor, DeepSpeed);
         tests pass a plain-torch one with the same interface."""
         self.cfg = cfg
-        torch.manual_seed(cfg.seed)
+        eng = cfg.rollout.engine
+        # Every random stream from the one `seed` (run_seeds.py). Each rank samples its own
+        # stream: with one seed everywhere, row i of every rank would draw the same random numbers
+        # (the launcher's RANK: the process group is not up yet).
+        self.seeds = resolve_seeds(
+            cfg.seed,
+            eng.seed,
+            cfg.data.shuffle,
+            cfg.data.shuffle_seed,
+            int(os.environ.get("RANK", "0")),
+        )
+        seed_global_rngs(self.seeds.global_rngs)
         loaded = load_model(cfg.model)
         self.tokenizer = loaded.tokenizer
         # Data first, so bad input fails in seconds rather than after DeepSpeed starts. Prompts
         # the engine could not hold with a full completion are skipped and counted.
-        eng = cfg.rollout.engine
         room = min(
             getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
             eng.num_pages * eng.page_size,
@@ -94,14 +105,19 @@ class GRPOTrainer(CheckpointedRun):
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
             loaded.model.to(device)
-        # The engine copies the weights it needs (synced from the actor after every update). Each
-        # rank samples its own stream: with one seed everywhere, row i of every rank would draw
-        # the same random numbers (the launcher's RANK: the process group is not up yet).
-        seed = rank_seed(eng.seed, int(os.environ.get("RANK", "0")))
-        self.engine = LLMEngine(loaded.model, self.tokenizer, replace(eng, seed=seed))
+        # The engine copies the weights it needs (synced from the actor after every update).
+        engine_cfg = replace(eng, seed=self.seeds.sampling)
+        self.engine = LLMEngine(loaded.model, self.tokenizer, engine_cfg)
         # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
         self.distill = (
-            DistillSparse(cfg.distill, loaded.model, self.engine.runner.kv.cfg, cfg.actor.lr)
+            DistillSparse(
+                cfg.distill,
+                loaded.model,
+                self.engine.runner.kv.cfg,
+                cfg.actor.lr,
+                init_seed=self.seeds.distill_init,
+                dropout_seed=self.seeds.distill_dropout,
+            )
             if cfg.distill.enabled and cfg.schedule.mode != "dense"
             else None
         )
@@ -115,7 +131,7 @@ class GRPOTrainer(CheckpointedRun):
                 f"rl.prompts_per_step={cfg.rl.prompts_per_step} must divide over {self.world} ranks"
             )
         self.prompts = PromptIterator(
-            self.train_data, cfg.rl.prompts_per_step, cfg.data.shuffle_seed
+            self.train_data, cfg.rl.prompts_per_step, self.seeds.data_order
         )
 
         self.controller = make_controller(cfg.schedule, cfg.controller)
@@ -259,7 +275,12 @@ class GRPOTrainer(CheckpointedRun):
             return {}
         ids = [p.token_ids for p in prompts]
         return measure_speedup(
-            self.engine, ids, self.sampling, self.cfg.rl.group_size, rollout.stats
+            self.engine,
+            ids,
+            self.sampling,
+            self.cfg.rl.group_size,
+            rollout.stats,
+            self.seeds.speedup(self.step),
         )
 
     def _logprobs(self, batch: RolloutBatch) -> LogprobOutput:
@@ -418,7 +439,9 @@ class GRPOTrainer(CheckpointedRun):
         merged = self.distill is not None and not self.distill.cfg.gate
         if merged:
             self.engine.update_weights(self.actor.gathered_state_dict())
-        result, correct = evaluate(self.engine, self.reward, prompts, params, self.ranks.sum)
+        result, correct = evaluate(
+            self.engine, self.reward, prompts, params, self.ranks.sum, self.seeds.eval(self.step)
+        )
         if merged:
             self._sync_engine()
         self._push_schedule()
@@ -434,4 +457,5 @@ class GRPOTrainer(CheckpointedRun):
             self.world,
             self.actor.model.config,
             self.train_data.prompt_lengths(),
+            self.seeds.describe(),
         )
