@@ -8,13 +8,15 @@
 Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
 
 Exit codes: 0 done; 2 bad input (config, data, model, paths, disk, a run dir whose config or
-checkpoint does not match), one line on stderr naming the key or path; 3 training stopped on
-non-finite updates or weights, one line naming the last good checkpoint; 128 + signal after
-SIGTERM/SIGINT, once the step in flight is finished and checkpointed (a second signal exits at
-once). resume=auto (the default) continues from the newest complete checkpoint.
+checkpoint does not match), one line on stderr naming the key or path, or a run dir that another
+live run holds (naming its host, pid and start time); 3 training stopped on non-finite updates or
+weights, one line naming the last good checkpoint; 128 + signal after SIGTERM/SIGINT, once the
+step in flight is finished and checkpointed (a second signal exits at once). resume=auto (the
+default) continues from the newest complete checkpoint.
 """
 
 import logging
+import os
 import sys
 
 from sparrow.cli.errors import UserError, one_line, run_main
@@ -51,6 +53,22 @@ def _train(argv: list[str] | None) -> int:
         print(f"sparrow-train: config error: {err}", file=sys.stderr)
         return 2
 
+    from sparrow.train.run_lock import RunDirBusy, RunDirLock
+
+    # One run per run dir, locked before anything is written there; rank 0 holds it for all.
+    lock = RunDirLock(cfg.run_dir)
+    if int(os.environ.get("RANK", "0")) == 0:
+        try:
+            lock.acquire()
+        except RunDirBusy as err:
+            raise UserError(one_line(err)) from err
+    try:
+        return _run(cfg)
+    finally:
+        lock.release()
+
+
+def _run(cfg) -> int:
     from sparrow.malloc import tune_cpu_allocator
     from sparrow.train.graceful_stop import StopRequested
     from sparrow.train.run_config import ResumeMismatch

@@ -19,6 +19,7 @@ global token count, and the adapter gradients are summed over ranks so phi stays
 
 import copy
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -63,19 +64,25 @@ class DistillSparse:
         base_model,
         attn: SparseAttentionConfig,
         actor_lr: float,
+        init_seed: int = 0,
+        dropout_seed: int = 0,
     ):
         """base_model: the HF policy with the dense weights (copied, not modified); attn: the
-        engine's sparse attention settings (`engine.runner.kv.cfg`), so selection matches."""
+        engine's sparse attention settings (`engine.runner.kv.cfg`), so selection matches.
+        init_seed: the adapter's initialisation (the same on every rank: phi stays identical);
+        dropout_seed: its dropout masks, + the adapter step (one stream per rank)."""
         self.cfg = cfg
-        self.policy = SparsePolicy(
-            base_model,
-            attn,
-            rank=cfg.rank,
-            alpha=cfg.alpha,
-            dropout=cfg.dropout,
-            target_modules=cfg.target_modules,
-            gate=cfg.gate,
-        )
+        self.dropout_seed = dropout_seed
+        with _seeded(init_seed):
+            self.policy = SparsePolicy(
+                base_model,
+                attn,
+                rank=cfg.rank,
+                alpha=cfg.alpha,
+                dropout=cfg.dropout,
+                target_modules=cfg.target_modules,
+                gate=cfg.gate,
+            )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.lr_factor * actor_lr, weight_decay=0.0
         )
@@ -105,32 +112,34 @@ class DistillSparse:
         num_tokens = global_num_tokens or max(int(batch.completion_mask.sum()), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(batch), self.cfg.micro_batch_size):
-            rows = slice(start, start + self.cfg.micro_batch_size)
-            mask = batch.completion_mask[rows]  # (b, T)
-            logprobs, topk_logprobs = self.policy.token_logprobs(
-                batch.input_ids[rows],
-                mask,
-                batch.budget_pages[rows],
-                temperature,
-                topk_ids=dense_topk[0][rows] if use_topk else None,
-            )  # (b, T), (b, T, K) or None
-            device = logprobs.device
-            loss, metrics = distill_loss(
-                logprobs,
-                dense_logprobs[rows].to(device),
-                advantages_tok[rows].to(device),
-                mask.to(device),
-                num_tokens,
-                pg_coef=self.cfg.pg_coef,
-                lambda_k3=self.cfg.lambda_k3,
-                lambda_kl=self.cfg.lambda_kl,
-                dense_topk_logprobs=dense_topk[1][rows].to(device) if use_topk else None,
-                sparse_topk_logprobs=topk_logprobs,
-            )
-            loss.backward()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+        # Dropout masks from a stream of the adapter's own: the same on a resumed run.
+        with _seeded(self.dropout_seed + self.num_steps):
+            for start in range(0, len(batch), self.cfg.micro_batch_size):
+                rows = slice(start, start + self.cfg.micro_batch_size)
+                mask = batch.completion_mask[rows]  # (b, T)
+                logprobs, topk_logprobs = self.policy.token_logprobs(
+                    batch.input_ids[rows],
+                    mask,
+                    batch.budget_pages[rows],
+                    temperature,
+                    topk_ids=dense_topk[0][rows] if use_topk else None,
+                )  # (b, T), (b, T, K) or None
+                device = logprobs.device
+                loss, metrics = distill_loss(
+                    logprobs,
+                    dense_logprobs[rows].to(device),
+                    advantages_tok[rows].to(device),
+                    mask.to(device),
+                    num_tokens,
+                    pg_coef=self.cfg.pg_coef,
+                    lambda_k3=self.cfg.lambda_k3,
+                    lambda_kl=self.cfg.lambda_kl,
+                    dense_topk_logprobs=dense_topk[1][rows].to(device) if use_topk else None,
+                    sparse_topk_logprobs=topk_logprobs,
+                )
+                loss.backward()
+                for key, value in metrics.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
         params = self.policy.parameters()
         # Each rank's loss is already divided by the global token count: the sum is the mean.
         Ranks.of_process_group().sum_gradients_(params)
@@ -165,3 +174,13 @@ class DistillSparse:
         self.policy.load_adapter_state_dict(state["adapter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.num_steps = state["num_steps"]
+
+
+@contextmanager
+def _seeded(seed: int):
+    """Draw from torch's generators (CPU and this process's GPU) seeded with `seed`, leaving
+    their state outside as it was."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

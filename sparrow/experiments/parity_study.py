@@ -44,7 +44,7 @@ def study_runs(arms: list[str], seeds: list[int]) -> list[StudyRun]:
     for seed in seeds:
         for arm in arms:
             overrides, setting = ARMS[arm]
-            seeded = (*overrides, f"seed={seed}", f"data.shuffle_seed={seed}")
+            seeded = (*overrides, f"seed={seed}")  # sampling and prompt order, both from it
             runs.append(StudyRun(f"{arm}_s{seed}", seeded, f"{setting}, seed {seed}"))
     return runs
 

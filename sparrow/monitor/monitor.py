@@ -14,6 +14,8 @@ same prompts (speedup_probe.py). Its per-bin stats are the controller's input; t
 the binning are pure functions in sparrow/control/acceptance.py.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from sparrow.distributed import Ranks
@@ -36,17 +38,20 @@ class Monitor:
         sampling,
         group_size: int,
         actor_cfg: ActorConfig,
+        speedup_seed: Callable[[int], int],
     ):
         """`engine`: the rollout engine (its schedule, its replay of rows without kept logits);
         `dense_model`: the actor's HF model; `sampling`: the rollout's SamplingParams, `group_size`
         samples per prompt (the speedup probe re-rolls out with both); `actor_cfg`: the dense
-        log-prob pass's micro-batching, which the exact acceptance's dense pass repeats."""
+        log-prob pass's micro-batching, which the exact acceptance's dense pass repeats;
+        `speedup_seed(step)`: the speedup probe's sampling seed (a stream of the run's seed)."""
         self.cfg = cfg
         self.engine = engine
         self.dense_model = dense_model
         self.sampling = sampling
         self.group_size = group_size
         self.actor_cfg = actor_cfg
+        self.speedup_seed = speedup_seed
         self.metrics = AcceptanceMetrics(cfg.bin_tokens, ranks)
 
     def plan(self, num_prompts: int, dense_is_theta: bool) -> RolloutPlan:
@@ -96,5 +101,10 @@ class Monitor:
         if self.engine.schedule is None or not every or (step + 1) % every:
             return {}
         return measure_speedup(
-            self.engine, prompt_ids, self.sampling, self.group_size, rollout_stats
+            self.engine,
+            prompt_ids,
+            self.sampling,
+            self.group_size,
+            rollout_stats,
+            self.speedup_seed(step),
         )

@@ -2,12 +2,16 @@
 dashboard shows it beside the cost model's prediction (every `monitor.speedup_every` steps)."""
 
 
-def measure_speedup(engine, prompts: list[list[int]], sampling, group_size: int, sparse_stats):
+def measure_speedup(
+    engine, prompts: list[list[int]], sampling, group_size: int, sparse_stats, seed: int
+):
     """Decode tok/s of the sparse rollout (`sparse_stats`, the engine's last stats) over a dense
-    re-rollout of the same `prompts`; the engine's schedule is restored afterwards."""
+    re-rollout of the same `prompts`, sampled from `seed` (a stream of its own, so that the
+    probe leaves the training rollouts' samples as they were); the engine's schedule is restored
+    afterwards."""
     schedule = engine.schedule
     engine.set_schedule(None)
-    engine.generate(prompts, sampling, group_size)
+    engine.generate(prompts, sampling, group_size, seed=seed)
     engine.set_schedule(schedule)
     dense_stats = engine.last_stats
     return {

@@ -9,5 +9,6 @@ micro_batches.py            rows into micro-batches: by count or by a token budg
 activation_checkpointing.py recompute the decoder layers in backward
 actor_config.py             ActorConfig and the LR schedule (no DeepSpeed)
 actor_memory.py             the activation estimate of the plan line
+deterministic_backward.py   torch's deterministic kernels around the update's backward (CPU)
 actor.py                    DenseActor: DeepSpeed ZeRO (the only module importing it)
 """

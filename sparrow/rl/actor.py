@@ -43,6 +43,7 @@ import deepspeed  # noqa: E402
 from sparrow.distributed import Ranks  # noqa: E402
 from sparrow.rl.activation_checkpointing import checkpoint_decoder_layers  # noqa: E402
 from sparrow.rl.actor_config import ActorConfig, lr_multiplier  # noqa: E402
+from sparrow.rl.deterministic_backward import deterministic_backward  # noqa: E402
 from sparrow.rl.micro_batches import (  # noqa: E402
     even_out,
     micro_batch_slices,
@@ -240,7 +241,9 @@ class DenseActor:
             self.engine.set_gradient_accumulation_boundary(i == num_micro - 1)
             # DeepSpeed averages gradients over data-parallel ranks; the loss is a share of a
             # global sum, so undo the average. scale_wrt_gas=False: no division by micro-batches.
-            self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+            # Deterministic: the shared prompt's cache rows would sum in thread order on CPU.
+            with deterministic_backward(self.engine.device):
+                self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
             mask = mb.get("completion_mask", mb["attention_mask"]).bool()
             sums["loss"] += float(loss.detach())
             sums["entropy_sum"] += float(out.entropy[mask].sum())

@@ -58,7 +58,9 @@ class EngineConfig:
     dense_kv_copy: bool = True  # torch backend: dense layers keep contiguous K/V (dense_kv.py)
     dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
     linear_backend: str = "torch"  # GEMMs: "torch" (as HF) | "onednn" (CPU fp32, packed, faster)
-    seed: int = 0  # sampler seed; each generate call reseeds with seed + call index
+    # Sampler seed; each generate call reseeds with seed + call index. None: the trainer derives
+    # it from the run's `seed` (sparrow/train/run_seeds.py); a standalone engine takes 0.
+    seed: int | None = None
     # Replay decode steps from CUDA graphs captured per step shape (batch, pages and budget padded
     # to buckets); CUDA with the Triton backend only. Eager when an unmerged LoRA gates rows.
     cuda_graphs: bool = False
@@ -104,7 +106,8 @@ class LLMEngine:
             cuda_graphs=cfg.cuda_graphs,
             max_batch_size=cfg.max_batch_size,
         )
-        self.sampler = Sampler(cfg.topk_logprobs, cfg.seed, self.runner.device)
+        self.seed = 0 if cfg.seed is None else cfg.seed
+        self.sampler = Sampler(cfg.topk_logprobs, self.seed, self.runner.device)
         self.schedule = schedule
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.num_generate_calls = 0
@@ -133,6 +136,7 @@ class LLMEngine:
         progress: bool = False,
         schedules: list[Schedule | None] | None = None,
         logits_rows: list[bool] | None = None,
+        seed: int | None = None,
     ) -> list[GenerationOutput]:
         """n samples per prompt, ordered prompt-major (prompt 0's samples 0..n-1, then prompt 1).
 
@@ -140,12 +144,16 @@ class LLMEngine:
         (None: dense), e.g. to roll out a noise-floor share densely, or several budgets from one
         shared prefill. With `params.return_logits`, `logits_rows` (one per output sequence;
         None: all) says which outputs carry their logits, to hold only those a caller reads.
+        `seed` samples this call from a stream of the caller's (e.g. evaluation's) instead of
+        the engine's own (seed + call index), which then does not advance.
         """
         _check_prompts(prompts, n, params)
         schedules = self._per_sequence(schedules, len(prompts) * n)
         kept = _logits_store(params, logits_rows, len(prompts) * n)
-        self.sampler.reseed(self.cfg.seed + self.num_generate_calls)
-        self.num_generate_calls += 1
+        if seed is None:
+            seed = self.seed + self.num_generate_calls
+            self.num_generate_calls += 1
+        self.sampler.reseed(seed)
         seqs = [
             Sequence(i * n + j, i, list(p), params.max_tokens, schedule=schedules[i * n + j])
             for i, p in enumerate(prompts)

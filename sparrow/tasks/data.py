@@ -39,7 +39,8 @@ class DataConfig:
     system_prompt: str | None = None  # prepended as a system message when set
     chat_template: bool = True  # render with the tokenizer's chat template; False: plain text
     max_prompt_tokens: int = 4096  # longer prompts are skipped and counted
-    shuffle_seed: int | None = 0  # seeds the per-epoch shuffle; None keeps the source order
+    shuffle: bool = True  # reshuffle the prompts every epoch; False keeps the source order
+    shuffle_seed: int | None = None  # seeds the shuffle; None: derived from the run's `seed`
     # Evaluation data: a file (or hub name) of its own, same columns. None: the task generator's
     # held-out split, a hub dataset's rl.eval.split, or for a local file a held-out share of it.
     eval_source: str | None = None

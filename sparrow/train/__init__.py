@@ -8,6 +8,8 @@
     checkpoint.py      atomic, verified checkpoints; keep-last-N; resume lookup
     run_state.py       what a checkpoint holds besides the actor; resume
     run_config.py      the run dir's stored config and the resume-mismatch check
+    run_lock.py        one live run per run dir (flock on run.lock)
+    run_seeds.py       every random stream derived from the one `seed`
     run_history.py     metrics.jsonl cut back to the resumed step
     metrics_logger.py  metrics.jsonl, W&B (online, offline or off), histograms
     weight_guard.py    non-finite weights and update streaks stop the run

@@ -100,7 +100,9 @@ class SparrowConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)  # LoRA for the sparse policy
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
-    seed: int = 0  # seeds torch, python and numpy (and so sampling) on every rank
+    # The root of every random stream: sampling, prompt order, evaluation, DistillSparse, the
+    # global generators (sparrow/train/run_seeds.py); a component's own seed set explicitly wins.
+    seed: int = 0
     resume: str = "auto"  # auto: newest complete checkpoint in run_dir if any | never | a path
     # refuse: resuming a run dir whose stored config differs in a key that changes the run
     # (model, data, batch shape, optimizer, loss) stops with the list; allow: resume anyway.

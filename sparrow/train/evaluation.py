@@ -32,16 +32,18 @@ def evaluate(
     prompts: Sequence[Prompt],
     params: SamplingParams,
     sum_over_ranks: Callable[[float], float] = float,
+    seed: int | None = None,
     num_samples: int = 3,
 ) -> tuple[dict, list[float]]:
-    """One sample per held-out prompt; accuracy = mean reward (rewards are 0/1 here).
+    """One sample per held-out prompt; accuracy = mean reward (rewards are 0/1 here). `seed`:
+    the sampling stream of this evaluation (None: the engine's own).
 
     Returns the metrics and this rank's per-prompt scores (for paired comparisons). The metrics
     carry `eval/samples`: this rank's first `num_samples` prompts (the tail of the prompt text),
     completions, reference answers and scores, for people reading the log.
     """
     if prompts:
-        outputs = engine.generate([p.token_ids for p in prompts], params, n=1)
+        outputs = engine.generate([p.token_ids for p in prompts], params, n=1, seed=seed)
         scores = score_batch(
             reward,
             [p.text for p in prompts],

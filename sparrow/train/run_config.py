@@ -19,6 +19,7 @@ RUN_KEYS = (
     "model.",
     "data.",
     "seed",
+    "rollout.engine.seed",
     "rl.prompts_per_step",
     "rl.group_size",
     "rl.loss.",

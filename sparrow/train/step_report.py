@@ -75,26 +75,28 @@ def format_plan(
     world: int,
     model_config=None,
     prompt_lengths: tuple[int, int] | None = None,
+    seeds: str | None = None,
 ) -> str:
     """The run's plan, printed once before the first step; with the HF `model_config`, the
     actor's micro-batch size in tokens and its estimated activation peak; `prompt_lengths` is
-    the dataset's (longest prompt, common prefix) in tokens."""
+    the dataset's (longest prompt, common prefix) in tokens; `seeds`, RunSeeds.describe()."""
     schedule = cfg.schedule
     sched = (
         "dense"
         if schedule.mode == "dense"
         else f"{schedule.mode} (tau {cfg.controller.tau}, bins of {schedule.bin_tokens})"
     )
-    return (
-        f"sparrow-train: {cfg.model.name} | {data_summary}\n"
+    lines = [
+        f"sparrow-train: {cfg.model.name} | {data_summary}",
         f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
         f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {world}, "
-        f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; run dir {cfg.run_dir}"
-    ) + (
-        ""
-        if model_config is None
-        else "\n  " + actor_plan(cfg, model_config, *(prompt_lengths or ()))
-    )
+        f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; run dir {cfg.run_dir}",
+    ]
+    if seeds is not None:
+        lines.append(f"  {seeds}")
+    if model_config is not None:
+        lines.append("  " + actor_plan(cfg, model_config, *(prompt_lengths or ())))
+    return "\n".join(lines)
 
 
 def actor_plan(

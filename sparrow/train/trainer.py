@@ -30,7 +30,7 @@ from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import engine_cost_config, predicted_speedup
 from sparrow.control.kv_read import kv_pages, kv_read_ratio
 from sparrow.distill.distill_sparse import DistillSparse
-from sparrow.distributed import Ranks, rank_seed
+from sparrow.distributed import Ranks
 from sparrow.models.loading import load_model
 from sparrow.models.shape import ModelShape
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
@@ -50,6 +50,7 @@ from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.progress import StepClock
+from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
 from sparrow.train.run_state import CheckpointedRun
 from sparrow.train.step_report import (
     format_eval_line,
@@ -80,12 +81,22 @@ class GRPOTrainer(CheckpointedRun):
 
             make_actor = DenseActor
         self.cfg = cfg
-        torch.manual_seed(cfg.seed)
+        eng = cfg.rollout.engine
+        # Every random stream from the one `seed` (run_seeds.py). Each rank samples its own
+        # stream: with one seed everywhere, row i of every rank would draw the same random numbers
+        # (the launcher's RANK: the process group is not up yet).
+        self.seeds = resolve_seeds(
+            cfg.seed,
+            eng.seed,
+            cfg.data.shuffle,
+            cfg.data.shuffle_seed,
+            int(os.environ.get("RANK", "0")),
+        )
+        seed_global_rngs(self.seeds.global_rngs)
         loaded = load_model(cfg.model)
         self.tokenizer = loaded.tokenizer
         # Data first, so bad input fails in seconds rather than after DeepSpeed starts. Prompts
         # the engine could not hold with a full completion are skipped and counted.
-        eng = cfg.rollout.engine
         room = min(
             getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
             eng.num_pages * eng.page_size,
@@ -99,14 +110,19 @@ class GRPOTrainer(CheckpointedRun):
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
             loaded.model.to(device)
-        # The engine copies the weights it needs (synced from the actor after every update). Each
-        # rank samples its own stream: with one seed everywhere, row i of every rank would draw
-        # the same random numbers (the launcher's RANK: the process group is not up yet).
-        seed = rank_seed(eng.seed, int(os.environ.get("RANK", "0")))
-        self.engine = LLMEngine(loaded.model, self.tokenizer, replace(eng, seed=seed))
+        # The engine copies the weights it needs (synced from the actor after every update).
+        engine_cfg = replace(eng, seed=self.seeds.sampling)
+        self.engine = LLMEngine(loaded.model, self.tokenizer, engine_cfg)
         # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
         self.distill = (
-            DistillSparse(cfg.distill, loaded.model, self.engine.runner.kv.cfg, cfg.actor.lr)
+            DistillSparse(
+                cfg.distill,
+                loaded.model,
+                self.engine.runner.kv.cfg,
+                cfg.actor.lr,
+                init_seed=self.seeds.distill_init,
+                dropout_seed=self.seeds.distill_dropout,
+            )
             if cfg.distill.enabled and cfg.schedule.mode != "dense"
             else None
         )
@@ -120,7 +136,7 @@ class GRPOTrainer(CheckpointedRun):
                 f"rl.prompts_per_step={cfg.rl.prompts_per_step} must divide over {self.world} ranks"
             )
         self.prompts = PromptIterator(
-            self.train_data, cfg.rl.prompts_per_step, cfg.data.shuffle_seed
+            self.train_data, cfg.rl.prompts_per_step, self.seeds.data_order
         )
 
         self.controller = make_controller(cfg.schedule, cfg.controller)
@@ -147,6 +163,7 @@ class GRPOTrainer(CheckpointedRun):
             self.sampling,
             cfg.rl.group_size,
             cfg.actor,
+            self.seeds.speedup,
         )
         self.step = 0
         self.nonfinite_streak = 0
@@ -406,7 +423,9 @@ class GRPOTrainer(CheckpointedRun):
         merged = self.distill is not None and not self.distill.cfg.gate
         if merged:
             self.engine.update_weights(self.actor.gathered_state_dict())
-        result, correct = evaluate(self.engine, self.reward, prompts, params, self.ranks.sum)
+        result, correct = evaluate(
+            self.engine, self.reward, prompts, params, self.ranks.sum, self.seeds.eval(self.step)
+        )
         if merged:
             self._sync_engine()
         self._push_schedule()
@@ -422,4 +441,5 @@ class GRPOTrainer(CheckpointedRun):
             self.world,
             self.actor.model.config,
             self.train_data.prompt_lengths(),
+            self.seeds.describe(),
         )

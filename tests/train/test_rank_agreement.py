@@ -146,25 +146,25 @@ def test_paired_delta_needs_prompts_and_restarts_when_they_change():
 
 
 def test_each_rank_samples_its_own_stream(tmp_path, monkeypatch):
-    """The trainer seeds its engine per rank (the launcher's RANK): rank 0 keeps the configured
-    seed, and rank 1 draws other completions for the same prompt (with one seed everywhere,
-    row i of every rank drew the same random numbers)."""
+    """The trainer seeds its engine per rank (the launcher's RANK) from the run's `seed`, and
+    rank 1 draws other completions for the same prompt (with one seed everywhere, row i of every
+    rank drew the same random numbers); an explicit rollout.engine.seed keeps rank 0 at it."""
     from fake_actor import FakeActor
 
     from sparrow.cli.config_loader import load_config
     from sparrow.distributed import rank_seed
     from sparrow.rollout.engine import SamplingParams
+    from sparrow.train.run_seeds import stream_seed
     from sparrow.train.trainer import GRPOTrainer
 
     cfg = load_config(["preset=tiny", "rl.eval.every=0", f"run_dir={tmp_path}"])
-    seed = cfg.rollout.engine.seed
     params = SamplingParams(temperature=1.0, max_tokens=8)
     completions = {}
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         trainer = GRPOTrainer(cfg, make_actor=FakeActor)
-        assert trainer.engine.cfg.seed == rank_seed(seed, rank)
+        assert trainer.engine.cfg.seed == stream_seed(cfg.seed, "sampling", rank)
         prompt = trainer.train_data.prompts[0].token_ids
         completions[rank] = [o.token_ids for o in trainer.engine.generate([prompt], params, n=4)]
-    assert rank_seed(seed, 0) == seed
     assert completions[0] != completions[1]
+    assert rank_seed(5, 0) == 5 and rank_seed(5, 1) != 5  # the explicit seed's rank streams

@@ -1,0 +1,104 @@
+"""One seed for every random stream (sparrow/train/run_seeds.py): the derivation itself; `seed`
+moving the sampling and the prompt order of a real trainer; an explicit component seed winning
+(and the plan line saying so); and the same seed giving the same run, weights and metrics."""
+
+import json
+from dataclasses import asdict, replace
+
+import torch
+from fake_actor import FakeActor
+from safetensors.torch import load_file
+
+from sparrow.cli.config_loader import load_config
+from sparrow.train.config import SparrowConfig
+from sparrow.train.run_config import differing_keys
+from sparrow.train.run_seeds import resolve_seeds, stream_seed
+from sparrow.train.trainer import GRPOTrainer
+
+TINY = ["preset=tiny", "rl.eval.every=0"]
+
+
+def test_stream_seeds_are_stable_and_unrelated():
+    seeds = {
+        (seed, stream, rank): stream_seed(seed, stream, rank)
+        for seed in (0, 1, 2)
+        for stream in ("sampling", "data_order", "eval")
+        for rank in (0, 1)
+    }
+    assert len(set(seeds.values())) == len(seeds)  # no two streams share a seed
+    assert all(0 <= s < 2**31 for s in seeds.values())
+    assert stream_seed(0, "sampling", 0) == seeds[(0, "sampling", 0)]  # a pure function
+    # seed + 1 is not seed's stream shifted by one call (the engine adds the call index)
+    assert abs(stream_seed(1, "sampling") - stream_seed(0, "sampling")) > 10**6
+
+
+def test_an_explicit_component_seed_wins_and_is_named():
+    derived = resolve_seeds(3, None, True, None, rank=1)
+    assert derived.sampling == stream_seed(3, "sampling", 1)
+    assert derived.data_order == stream_seed(3, "data_order")  # one order for all ranks
+    assert derived.describe() == "seed 3 derives every random stream"
+    explicit = resolve_seeds(3, 7, True, 11, rank=0)
+    assert (explicit.sampling, explicit.data_order) == (7, 11)
+    assert explicit.describe() == (
+        "seed 3 derives every random stream but rollout.engine.seed=7, data.shuffle_seed=11 "
+        "(set explicitly, wins)"
+    )
+    assert resolve_seeds(3, None, False, 11, rank=0).data_order is None  # source order
+
+
+def test_a_resume_with_another_seed_is_a_changed_run():
+    base = SparrowConfig()
+    engine = replace(base.rollout.engine, seed=5)
+    other = replace(base, seed=1, rollout=replace(base.rollout, engine=engine))
+    assert differing_keys(asdict(base), asdict(other)) == [
+        "rollout.engine.seed: None -> 5",
+        "seed: 0 -> 1",
+    ]
+
+
+def _first_rollout(run_dir, *overrides):
+    """The trainer's plan and its step-1 rollout: (prompt ids, completion ids) per sample."""
+    trainer = GRPOTrainer(load_config([*TINY, *overrides, f"run_dir={run_dir}"]), FakeActor)
+    prompts = next(trainer.prompts)
+    outputs = trainer._rollout(prompts).outputs
+    ids = [(prompts[o.prompt_index].token_ids, o.token_ids) for o in outputs]
+    return trainer.plan(), ids
+
+
+def test_seed_moves_sampling_and_prompt_order_unless_set_explicitly(tmp_path):
+    _, base = _first_rollout(tmp_path / "a", "seed=0")
+    _, other = _first_rollout(tmp_path / "b", "seed=1")
+    assert [p for p, _ in other] != [p for p, _ in base]  # another prompt order
+    # The same prompts (the shuffle pinned to seed 0's), another sampling stream.
+    order = f"data.shuffle_seed={stream_seed(0, 'data_order')}"
+    _, resampled = _first_rollout(tmp_path / "c", "seed=1", order)
+    assert [p for p, _ in resampled] == [p for p, _ in base]
+    assert [c for _, c in resampled] != [c for _, c in base]
+    # An explicit engine seed wins over seed=1: seed 0's samples again, and the plan says so.
+    engine = f"rollout.engine.seed={stream_seed(0, 'sampling', 0)}"
+    plan, pinned = _first_rollout(tmp_path / "d", "seed=1", order, engine)
+    assert pinned == base
+    assert f"seed 1 derives every random stream but {engine}, {order} (set explicitly" in plan
+
+
+def _timing(key: str) -> bool:
+    return key.startswith("time/") or "tok_s" in key or key == "speedup/measured"
+
+
+def _metrics(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not _timing(k)} for r in rows]
+
+
+def test_the_same_seed_gives_the_same_run(tmp_path):
+    """Two whole runs (the real DeepSpeed actor, evaluation on) with seed=0: the same exported
+    weights, the same metrics but for timings."""
+    for name in ("a", "b"):
+        overrides = ["preset=tiny", "seed=0", f"run_dir={tmp_path / name}"]
+        GRPOTrainer(load_config(overrides)).fit()
+    weights = [load_file(tmp_path / n / "policy" / "model.safetensors") for n in ("a", "b")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    rows = [_metrics(tmp_path / n) for n in ("a", "b")]
+    assert [r["step"] for r in rows[0]] == [0, 1, 2]
+    assert rows[0] == rows[1]
