@@ -1,10 +1,11 @@
-"""SIGTERM / SIGINT outside the step loop: one line, exit 128 + signal, nothing half-written.
+"""SIGTERM / SIGINT to the real `sparrow-train` outside the step loop: one line, exit 128 +
+signal, nothing half-written (slow: a tiny run each).
 
 Inside the step loop a signal is deferred to the end of the step (tests/reliability/
-test_graceful_stop.py). Here: the handler that stops at once (`stop_at_once`), in process; the
-policy export through a temporary directory; and the real `sparrow-train` signalled while
-frozen (pause_at.py) at start-up after the model load, in the step-0 evaluation and in the final
-export between the weights and the tokenizer, which used to die with no line (rc -15).
+test_graceful_stop.py). Here the process is frozen by pause_at.py at start-up after the model
+load, in the step-0 evaluation, and in the final export between the weights and the tokenizer,
+and signalled there; it used to die with no line (rc -15), leaving a half-written `policy/`.
+The handler itself is tested in test_interruption.py, the export in test_policy_export.py.
 """
 
 import os
@@ -16,10 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparrow.cli.errors import run_main
 from sparrow.train.checkpoint import verify
-from sparrow.train.interruption import Interrupted, ignore_stop_signals, stop_at_once
-from sparrow.train.policy_export import export_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = ROOT / "tests" / "reliability" / "pause_at.py"
@@ -31,98 +29,6 @@ STARTUP = (
     "stopped by {sig} during start-up; no step was in flight; run the same command again to "
     "start (resume=auto)"
 )
-
-
-# ---- in process ---------------------------------------------------------------------------------
-
-
-def test_stop_at_once_raises_where_the_main_thread_is_and_restores_the_handlers():
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Interrupted) as caught, stop_at_once("start-up", "run it again"):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # interrupted: the handler raises in the main thread
-    assert caught.value.exit_code == 128 + signal.SIGTERM
-    assert str(caught.value) == "stopped by SIGTERM during start-up; run it again"
-    assert signal.getsignal(signal.SIGTERM) is before
-
-
-def test_a_repeated_signal_does_not_interrupt_the_clean_up():
-    cleaned = []
-    with pytest.raises(Interrupted) as caught, stop_at_once("the policy export"):
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)  # a launcher's copy, during the clean-up
-            time.sleep(0.2)
-            cleaned.append(True)
-    assert cleaned == [True] and caught.value.signum == signal.SIGINT
-
-
-def test_run_main_turns_a_signal_into_one_line_and_128_plus_signal(capsys):
-    def body() -> int:
-        with stop_at_once("start-up", "no step was in flight"):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-        return 0
-
-    assert run_main("sparrow-x", body) == 143
-    err = capsys.readouterr().err
-    assert err == "sparrow-x: stopped by SIGTERM during start-up; no step was in flight\n"
-
-    def tool() -> int:  # any console script, outside any phase of its own
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(5)
-        return 0
-
-    assert run_main("sparrow-y", tool) == 130
-    assert capsys.readouterr().err == "sparrow-y: stopped by SIGINT\n"
-
-
-def test_ignored_signals_stay_ignored_on_the_way_out():
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        with stop_at_once():
-            ignore_stop_signals()
-            os.kill(os.getpid(), signal.SIGTERM)  # would raise (or kill) without the ignore
-            time.sleep(0.2)
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
-class _Actor:
-    """Writes the weights, then (like a tokenizer save) a second file; can fail in between."""
-
-    def __init__(self, fail: BaseException | None = None):
-        self.fail = fail
-
-    def export_hf(self, directory, tokenizer=None):
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "model.safetensors").write_text("new weights")
-        if self.fail is not None:
-            raise self.fail
-        (directory / "tokenizer.json").write_text("{}")
-
-
-def test_export_replaces_the_policy_only_when_it_is_complete(tmp_path):
-    final = tmp_path / "policy"
-    final.mkdir()
-    (final / "model.safetensors").write_text("old weights")
-    (tmp_path / "policy.tmp").mkdir()  # a killed export's leftover
-
-    with pytest.raises(Interrupted):
-        export_policy(_Actor(Interrupted(signal.SIGTERM)), None, final, 3, rank=0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]  # no policy.tmp
-    assert (final / "model.safetensors").read_text() == "old weights"
-
-    export_policy(_Actor(), None, final, 3, rank=0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]
-    assert sorted(p.name for p in final.iterdir()) == ["model.safetensors", "tokenizer.json"]
-    assert (final / "model.safetensors").read_text() == "new weights"
-
-
-# ---- the real sparrow-train, signalled where it is frozen --------------------------------------
 
 
 def _signal_when_paused(phase: str, run_dir: Path, log: Path, sig=signal.SIGTERM):
