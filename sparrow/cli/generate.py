@@ -66,7 +66,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         dataset = _load(data, lm.tokenizer)
     except DataError as e:
-        raise UserError(f"--prompts {args.prompts}: {one_line(e)}") from e
+        raise UserError(one_line(e)) from e  # it names the file, row or column
     prompts = dataset.prompts[: args.limit] if args.limit else dataset.prompts
     longest = max(len(p.token_ids) for p in prompts)
     # What the scheduler requires of one request (its last sampled token is never cached).
@@ -124,7 +124,8 @@ def _check_bounds(args: argparse.Namespace) -> None:
     bounded by their argparse types)."""
     if args.budget_tokens is not None and args.schedule is not None:
         raise UserError("give --budget-tokens or --schedule, not both")
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or (args.top_k or 1) < 1:
+    top_k_bad = args.top_k is not None and args.top_k < 1
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or top_k_bad:
         raise UserError(
             f"--temperature {args.temperature}, --top-p {args.top_p}, --top-k {args.top_k}: "
             "need temperature >= 0, 0 < top-p <= 1, top-k >= 1"

@@ -69,12 +69,12 @@ def _train(argv: list[str] | None) -> int:
     try:
         return _run(cfg)
     except (RuntimeError, Interrupted) as err:
-        # First: torchrun SIGTERMs the other ranks right after one dies, and that signal (or
-        # the Interrupted it already raised on the way here) must not hide the cause.
-        ignore_stop_signals()
+        # torchrun SIGTERMs the other ranks right after one dies: that signal (or the
+        # Interrupted it already raised on the way here) must not hide the cause.
         lost = next((e for e in causes(err) if lost_peer(e)), None)
         if lost is None:
             raise
+        ignore_stop_signals()
         rank = f"rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')}"
         print(
             f"sparrow-train: {rank} stops: another rank was lost (a collective failed: "
