@@ -9,9 +9,12 @@
 # NPROC_PER_NODE defaults to the GPU count (1 process on a CPU-only node).
 # RDZV_ID names the job (agents with different ids never join each other).
 # SPARROW_ENTRY=path/to/script.py runs that script instead of sparrow.cli.train (tests use it).
+# MAX_RESTARTS (default 0) is torchrun's --max-restarts: after a rank fails, every agent stops its
+# workers and, while restarts are left, starts them all again; they resume=auto from the newest
+# complete checkpoint. Each node must get the same value.
 # Checkpoints under the run directory must be on a filesystem shared by all nodes.
-# When a rank fails, ranks on other nodes exit once their collective times out
-# (actor.collective_timeout_min, 60 min by default).
+# When a rank dies, the others exit at their next collective (exit code 4, one line); a rank that
+# hangs instead is given up after actor.collective_timeout_min (60 min by default).
 set -euo pipefail
 # The Python whose torch runs the job: $PYTHON, else the checkout's .venv, else python3.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +42,14 @@ RDZV_ID="${RDZV_ID:-sparrow}"
 # one of them failed before it gives up on them.
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-600}"
 
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+if [[ "${MAX_RESTARTS}" != 0 ]]; then
+    # By default the restarted workers share the rendezvous store with the ones before them and
+    # read the dead attempt's process-group addresses (gloo: "Connection refused", then a
+    # connect timeout); with this, every attempt gets a fresh store on a free port of node 0.
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+fi
+
 if [[ -n "${SPARROW_ENTRY:-}" ]]; then
     entry=("${SPARROW_ENTRY}")
 else
@@ -52,4 +63,5 @@ exec "${PYTHON}" -m torch.distributed.run \
     --rdzv_backend c10d \
     --rdzv_endpoint "${MASTER_ADDR}:${MASTER_PORT}" \
     --rdzv_id "${RDZV_ID}" \
+    --max-restarts "${MAX_RESTARTS}" \
     "${entry[@]}" "$@"

@@ -11,7 +11,9 @@ group's backend reduces on (NCCL reduces CUDA tensors only: a CPU tensor raises 
 associated with device type cpu"), so the same code runs under gloo on CPU and NCCL on GPUs."""
 
 import pickle
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -22,6 +24,16 @@ T = TypeVar("T")
 # Rank r samples from seed + r * RANK_SEED_STRIDE + call index: streams meet only after 2^20
 # generate calls, and 4096 ranks stay within the 32 bits the CPU generator keeps of a seed.
 RANK_SEED_STRIDE = 1 << 20
+# How gloo and NCCL word a collective whose peer died (closed or reset connection) or stopped
+# answering (the process group's timeout, actor.collective_timeout_min), lower-cased.
+_PEER_LOST = (
+    "closed by peer",
+    "reset by peer",
+    "broken pipe",
+    "timed out",
+    "communicator was aborted",
+    "watchdog caught collective operation timeout",
+)
 
 
 def collective_device() -> torch.device:
@@ -36,6 +48,17 @@ def all_reduce_host(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
     reduced = t.to(collective_device(), copy=True)
     dist.all_reduce(reduced, op=op)
     return reduced.cpu()
+
+
+def lost_peer(err: BaseException) -> bool:
+    """Whether `err` is a collective that failed because another rank died or stopped answering:
+    raised inside torch.distributed, in the words gloo and NCCL use for a lost connection or a
+    timeout (a collective called wrongly, a bug, raises there too, in other words)."""
+    if not isinstance(err, RuntimeError) or err.__traceback__ is None:
+        return False
+    *_, (frame, _) = traceback.walk_tb(err.__traceback__)  # the innermost frame
+    inside = Path(frame.f_code.co_filename).parts[-3:-1] == ("torch", "distributed")
+    return inside and any(words in str(err).lower() for words in _PEER_LOST)
 
 
 def rank_seed(seed: int, rank: int) -> int:

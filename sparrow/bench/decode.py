@@ -20,7 +20,6 @@ sequence in 16) against rebuilding the padded table from Python lists as the run
 timed in the same process. CPU wall time: the machine is shared, ratios are what to read.
 """
 
-import argparse
 import json
 import os
 import time
@@ -34,6 +33,7 @@ if not torch.cuda.is_available():  # before anything imports triton: the interpr
 import transformers  # noqa: E402
 
 from sparrow.bench.dispatch_counter import DispatchCounter, count_triton_launches  # noqa: E402
+from sparrow.cli.errors import ArgumentParser, at_least  # noqa: E402
 from sparrow.models.shape import ModelShape  # noqa: E402
 from sparrow.rollout.block_manager import BlockManager  # noqa: E402
 from sparrow.rollout.linear import Linear  # noqa: E402
@@ -309,16 +309,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="sparrow-bench decode", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="sparrow-bench decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", nargs="+", default=["torch", "triton"])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--hidden", type=int, default=64, help="hidden size (attention shapes fixed)")
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--lens", type=int, nargs="+", default=[150, 90, 40, 33])
-    p.add_argument("--triton-lens", type=int, nargs="+", default=[70])
-    p.add_argument("--triton-layers", type=int, default=3, help="layers of the Triton runs")
-    p.add_argument("--budget", type=int, default=4, help="pages per sparse layer")
-    p.add_argument("--pt-seqs", type=int, default=256, help="page-table timing: sequences, 0: skip")
-    p.add_argument("--pt-pages", type=int, default=2048, help="page-table timing: pages each")
+    p.add_argument(
+        "--hidden", type=at_least(1), default=64, help="hidden size (attention shapes fixed)"
+    )
+    p.add_argument("--vocab", type=at_least(1), default=256)
+    p.add_argument("--lens", type=at_least(1), nargs="+", default=[150, 90, 40, 33])
+    p.add_argument("--triton-lens", type=at_least(1), nargs="+", default=[70])
+    p.add_argument("--triton-layers", type=at_least(1), default=3, help="layers of the Triton runs")
+    p.add_argument("--budget", type=at_least(1), default=4, help="pages per sparse layer")
+    p.add_argument(
+        "--pt-seqs", type=at_least(0), default=256, help="page-table timing: sequences, 0: skip"
+    )
+    p.add_argument(
+        "--pt-pages", type=at_least(1), default=2048, help="page-table timing: pages each"
+    )
     p.add_argument("--json", default=None, help="write the results as JSON here")
     return p.parse_args(argv)

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from sparrow.bench.kernel_configs import DTYPES, SWEEP, default_shape
+from sparrow.cli.errors import ArgumentParser, at_least
 from sparrow.kernels import (
     BACKENDS,
     PageSummary,
@@ -44,19 +45,19 @@ PEAK_TBPS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # vendor HBM bandwidth by 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(prog="sparrow-bench kernel", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="sparrow-bench kernel", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if cuda else "cpu")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--contexts", type=int, nargs="+", default=None, help="context tokens")
-    p.add_argument("--budgets", type=int, nargs="+", default=None, help="budget tokens")
-    p.add_argument("--batch", type=int, default=None, help="sequences decoded together")
-    p.add_argument("--q-heads", type=int, default=None)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--contexts", type=at_least(1), nargs="+", default=None, help="context tokens")
+    p.add_argument("--budgets", type=at_least(1), nargs="+", default=None, help="budget tokens")
+    p.add_argument("--batch", type=at_least(1), default=None, help="sequences decoded together")
+    p.add_argument("--q-heads", type=at_least(1), default=None)
+    p.add_argument("--kv-heads", type=at_least(1), default=None)
+    p.add_argument("--head-dim", type=at_least(1), default=None)
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None)
-    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--page-size", type=at_least(1), default=16)
     p.add_argument("--score", choices=["quest", "centroid"], default="quest")
-    p.add_argument("--iters", type=int, default=None, help="timed calls per measurement")
+    p.add_argument("--iters", type=at_least(1), default=None, help="timed calls per measurement")
     p.add_argument("--peak-tbps", type=float, default=None, help="HBM peak, TB/s (GPU only)")
     p.add_argument("--sweep", action="store_true", help="GPU: time Triton tile configs too")
     p.add_argument("--aot", action="store_true", help="compile every Triton variant for sm_90")
@@ -67,6 +68,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.q_heads % args.kv_heads:
+        p.error(f"--q-heads {args.q_heads} must be a multiple of --kv-heads {args.kv_heads} (GQA)")
     return args
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from sparrow.cli.errors import ArgumentParser, at_least, model_not_found
 from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams, shared_prefix_tokens
 from sparrow.tasks.generators import TaskConfig, generate_tasks
@@ -28,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_model(ModelConfig(args.model))
+    try:
+        lm = load_model(ModelConfig(args.model))
+    except OSError as err:
+        model_not_found(err, "--model", args.model)
+        raise
     prompts = few_shot_prompts(lm.tokenizer, args.prompts, args.few_shot)
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens)
     engines = {
@@ -97,17 +102,23 @@ def _engine_config(args, prompts: list[list[int]], share: bool) -> EngineConfig:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sparrow-bench prefix", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="sparrow-bench prefix", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--prompts", type=int, default=200, help="held-out prompts")
-    p.add_argument("--few-shot", type=int, default=3, help="worked examples before each question")
-    p.add_argument("--new-tokens", type=int, default=40, help="greedy tokens per prompt")
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--prompts", type=at_least(1), default=200, help="held-out prompts")
+    p.add_argument(
+        "--few-shot", type=at_least(0), default=3, help="worked examples before each question"
+    )
+    p.add_argument("--new-tokens", type=at_least(1), default=40, help="greedy tokens per prompt")
+    p.add_argument("--max-batch-size", type=at_least(1), default=64)
+    p.add_argument("--page-size", type=at_least(1), default=16)
     p.add_argument("--linear-backend", default="torch", choices=["torch", "onednn"])
-    p.add_argument("--repeats", type=int, default=1, help="timed runs of each; the best is kept")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--repeats", type=at_least(1), default=1, help="timed runs of each; the best is kept"
+    )
+    p.add_argument(
+        "--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)"
+    )
     p.add_argument("--quick", action="store_true", help="16 prompts, 8 tokens: a smoke run")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from sparrow import malloc
+from sparrow.cli.errors import ArgumentParser, at_least, model_not_found
 from sparrow.control.acceptance import exact_acceptance
 from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
@@ -46,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_model(ModelConfig(args.model))
+    try:
+        lm = load_model(ModelConfig(args.model))
+    except OSError as err:
+        model_not_found(err, "--model", args.model)
+        raise
     report = {
         "config": {
             **vars(args),
@@ -219,31 +224,39 @@ def _timed(fn) -> float:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sparrow-bench rollout", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="sparrow-bench rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--batch", type=int, default=16, help="engine vs HF: prompts")
-    p.add_argument("--prompt-tokens", type=int, default=64, help="engine vs HF: prompt length")
-    p.add_argument("--new-tokens", type=int, default=256, help="engine vs HF: tokens per prompt")
-    p.add_argument("--context", type=int, default=4096, help="sparse vs dense: prompt tokens")
-    p.add_argument("--sparse-batch", type=int, default=8, help="sparse vs dense: samples")
-    p.add_argument("--sparse-new-tokens", type=int, default=128)
+    p.add_argument("--batch", type=at_least(1), default=16, help="engine vs HF: prompts")
+    p.add_argument(
+        "--prompt-tokens", type=at_least(1), default=64, help="engine vs HF: prompt length"
+    )
+    p.add_argument(
+        "--new-tokens", type=at_least(1), default=256, help="engine vs HF: tokens per prompt"
+    )
+    p.add_argument(
+        "--context", type=at_least(1), default=4096, help="sparse vs dense: prompt tokens"
+    )
+    p.add_argument("--sparse-batch", type=at_least(1), default=8, help="sparse vs dense: samples")
+    p.add_argument("--sparse-new-tokens", type=at_least(1), default=128)
     p.add_argument(
         "--distinct-prompts",
         action="store_true",
         help="sparse vs dense: a prompt per sample instead of samples sharing one",
     )
-    p.add_argument("--budget-tokens", type=int, default=512, help="sparse budget (tokens)")
+    p.add_argument("--budget-tokens", type=at_least(1), default=512, help="sparse budget (tokens)")
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
-    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--page-size", type=at_least(1), default=16)
     p.add_argument(
         "--linear-backend",
         default="onednn",
         choices=["torch", "onednn"],
         help="engine GEMMs reported in the JSON (the table shows torch as well)",
     )
-    p.add_argument("--repeats", type=int, default=1, help="timed runs; the best is kept")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--repeats", type=at_least(1), default=1, help="timed runs; the best is kept")
+    p.add_argument(
+        "--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="reduced sizes: a smoke run")
     p.add_argument("--json", default=None, help="write the results as JSON here")

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from sparrow import malloc
+from sparrow.cli.errors import ArgumentParser, at_least
 
 TIME_PREFIX, TIME_SUFFIX = "time/", "_s"  # the trainer's per-phase seconds: time/<phase>_s
 DEFAULT_PRESET = "bench_step_cpu"
@@ -262,14 +263,16 @@ def _write(path: str | None, report: dict) -> None:
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="sparrow-bench step",
         description=__doc__.split("\n\n")[0],
         epilog="Remaining arguments are Hydra overrides (key=value), as for sparrow-train.",
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--warmup", action="store_true", help="one short unmeasured step first")
-    p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens of the warm-up step")
+    p.add_argument(
+        "--warmup-tokens", type=at_least(1), default=16, help="new tokens of the warm-up step"
+    )
     p.add_argument(
         "--ignore-eos", action="store_true", help="fixed-length rollouts (on with --random-model)"
     )
@@ -283,7 +286,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="the dense run pays the exact-acceptance replay too (default: top-K bound only)",
     )
-    p.add_argument("--profile", type=int, default=0, help="cProfile each step: print top N")
+    p.add_argument("--profile", type=at_least(0), default=0, help="cProfile each step: print top N")
     args, rest = p.parse_known_args(argv)
     bad = [a for a in rest if "=" not in a]
     if bad:

@@ -19,23 +19,45 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from sparrow.cli.errors import run_main
+from sparrow.cli.errors import ArgumentParser, UserError, at_least, model_not_found, run_main
 
 USAGE = __doc__
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="sparrow-calibrate", usage=USAGE)
-    parser.add_argument("--budgets", help="comma-separated pages (default: schedule.grid_pages)")
+    parser = ArgumentParser(prog="sparrow-calibrate", usage=USAGE)
     parser.add_argument(
-        "--prompts", type=int, default=8, help="prompts rolled out per budget (0: --online only)"
+        "--budgets", type=_pages, help="comma-separated pages (default: schedule.grid_pages)"
     )
-    parser.add_argument("--samples", type=int, default=2, help="samples per prompt and budget")
-    parser.add_argument("--min-tokens", type=int, help="default: controller.min_tokens")
-    parser.add_argument("--online", type=int, default=0, help="also run the online loop N steps")
-    parser.add_argument("--online-prompts", type=int, default=4, help="prompts per online step")
+    parser.add_argument(
+        "--prompts",
+        type=at_least(0),
+        default=8,
+        help="prompts rolled out per budget (0: --online only)",
+    )
+    parser.add_argument(
+        "--samples", type=at_least(1), default=2, help="samples per prompt and budget"
+    )
+    parser.add_argument("--min-tokens", type=at_least(1), help="default: controller.min_tokens")
+    parser.add_argument(
+        "--online", type=at_least(0), default=0, help="also run the online loop N steps"
+    )
+    parser.add_argument(
+        "--online-prompts", type=at_least(1), default=4, help="prompts per online step"
+    )
     parser.add_argument("--out", default="runs/calibrate", help="output directory")
     return parser.parse_known_args(argv)
+
+
+def _pages(text: str) -> list[int]:
+    """`--budgets 4,8,16` -> [4, 8, 16]; argparse names the option when this raises."""
+    try:
+        return [int(b) for b in text.split(",")]
+    except ValueError:
+        bad = next(b for b in text.split(",") if not b.strip().lstrip("-").isdigit())
+        raise argparse.ArgumentTypeError(
+            f"{bad!r} in {text!r} is not a whole number of pages (e.g. --budgets 4,8,16)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +68,7 @@ def _main(argv: list[str] | None) -> int:
     args, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
-        print(f"sparrow-calibrate: unknown option {bad[0]}", file=sys.stderr)
-        return 2
+        raise UserError(f"unknown option {bad[0]} (see sparrow-calibrate --help)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from sparrow.cli.config_loader import ConfigError, load_config
     from sparrow.malloc import tune_cpu_allocator
@@ -55,19 +76,23 @@ def _main(argv: list[str] | None) -> int:
     tune_cpu_allocator()
     try:
         cfg = load_config(overrides)
-        budgets = (
-            [int(b) for b in args.budgets.split(",")]
-            if args.budgets
-            else list(cfg.schedule.grid_pages)
-        )
-        if not budgets or min(budgets) < 1 or args.prompts < 0 or args.samples < 1:
-            raise ConfigError("--budgets and --samples must be positive, --prompts >= 0")
-        if args.prompts == 0 and args.online < 1:
-            raise ConfigError("--prompts 0 runs the online loop only: give --online STEPS")
-    except (ConfigError, ValueError) as err:
+    except ConfigError as err:
         print(f"sparrow-calibrate: config error: {err}", file=sys.stderr)
         return 2
-    return run(cfg, args, budgets)
+    check_bounds(args, cfg.rollout.engine.num_pages)
+    return run(cfg, args, args.budgets or list(cfg.schedule.grid_pages))
+
+
+def check_bounds(args: argparse.Namespace, num_pages: int) -> None:
+    """Refuse budgets outside the KV pool (the counts' bounds are their argparse types)."""
+    budgets = args.budgets
+    if budgets is not None and not 1 <= min(budgets) <= max(budgets) <= num_pages:
+        raise UserError(
+            f"--budgets {','.join(map(str, budgets))}: each budget must be between 1 page and "
+            f"the KV pool (rollout.engine.num_pages={num_pages})"
+        )
+    if args.prompts == 0 and args.online < 1:
+        raise UserError("--prompts 0 runs the online loop only: give --online STEPS")
 
 
 def run(cfg, args, budgets: list[int]) -> int:
@@ -77,13 +102,24 @@ def run(cfg, args, budgets: list[int]) -> int:
     from sparrow.rollout.engine import LLMEngine, SamplingParams
     from sparrow.tasks.data import load_prompts
 
-    loaded = load_model(cfg.model)
+    try:
+        loaded = load_model(cfg.model)
+    except OSError as err:
+        model_not_found(err, "model.name", cfg.model.name)
+        raise
     engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
-    data = load_prompts(cfg.data, loaded.tokenizer)
+    try:
+        data = load_prompts(cfg.data, loaded.tokenizer)
+    except ValueError as err:
+        raise UserError(str(err)) from err
     need = args.prompts + args.online * args.online_prompts
     if len(data.prompts) < need:
-        print(f"sparrow-calibrate: need {need} prompts, the data has {len(data.prompts)}")
-        return 2
+        raise UserError(
+            f"--prompts {args.prompts} + --online {args.online} x --online-prompts "
+            f"{args.online_prompts} need {need} prompts, {data.source} has {len(data.prompts)}"
+        )
+    # Offline, one prompt is measured at every budget at once; online, at the schedule's.
+    check_pool(data, max(len(budgets) * args.samples * (args.prompts > 0), args.samples), cfg)
     prompts = [p.token_ids for p in data.prompts]
     params = SamplingParams(
         temperature=cfg.rollout.temperature,
@@ -124,6 +160,23 @@ def run(cfg, args, budgets: list[int]) -> int:
             )
         )
     return 0
+
+
+def check_pool(data, num_samples: int, cfg) -> None:
+    """The KV pool must hold one prompt's whole measurement: `num_samples` rollouts, then each
+    replayed densely and sparsely at once (engine.score keeps every sequence cached)."""
+    from sparrow.control.calibration import pages_to_measure
+
+    eng = cfg.rollout.engine
+    longest = max(len(p.token_ids) for p in data.prompts)
+    need = pages_to_measure(longest, cfg.rollout.max_new_tokens, num_samples, eng.page_size)
+    if need > eng.num_pages:
+        raise UserError(
+            f"rollout.engine.num_pages={eng.num_pages} cannot hold one prompt's measurement: "
+            f"{num_samples} samples (budgets x --samples) of the longest prompt ({longest} "
+            f"tokens) + rollout.max_new_tokens={cfg.rollout.max_new_tokens}, replayed dense and "
+            f"sparse, need {need} pages; raise rollout.engine.num_pages or lower --samples"
+        )
 
 
 def run_offline(engine, prompts, budgets, params, cfg, args, out: Path, data) -> list[int] | None:

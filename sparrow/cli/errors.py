@@ -2,16 +2,20 @@
 
 User and environment errors (a bad config value, a missing model, file or folder, a run dir that
 cannot be written, a full disk, a run dir whose config or checkpoint does not match) print one
-line on stderr that names the key or path and what to do, and the script exits with 2. Ctrl-C
-outside the training loop prints one line and exits with 130. Anything else is a bug in sparrow
-and keeps its traceback.
+line on stderr that names the key, option or path and what to do, and the script exits with 2;
+a bad command-line option is such a line too (`ArgumentParser`), not a usage dump. SIGTERM or
+SIGINT outside the training loop prints one line and exits with 128 + signal
+(sparrow/train/interruption.py). Anything else is a bug in sparrow and keeps its traceback.
 
     sys.exit(run_main("sparrow-generate", lambda: _main(argv)))
 """
 
+import argparse
 import errno
 import sys
 from collections.abc import Callable
+
+from sparrow.train.interruption import Interrupted, stop_at_once
 
 USER_ERROR_EXIT = 2
 _INTERRUPT_EXIT = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -24,24 +28,61 @@ class UserError(ValueError):
     """A mistake the user can fix; str() is one line that names the key or path and the fix."""
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are the boundary's one line ("argument --budgets: ..."), exit 2."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer >= `low` (argparse's error names the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
 def run_main(prog: str, body: Callable[[], int]) -> int:
     """Run a console script's body inside the boundary; returns the exit code."""
-    try:
-        return body()
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return _INTERRUPT_EXIT
-    except Exception as err:
-        line = user_error_line(err)
-        if line is None:
-            raise
-        print(f"{prog}: error: {line}", file=sys.stderr)
-        return USER_ERROR_EXIT
+    with stop_at_once():
+        try:
+            return body()
+        except Interrupted as stop:
+            print(f"{prog}: {stop}", file=sys.stderr, flush=True)
+            return stop.exit_code
+        except KeyboardInterrupt:  # a body run off the main thread has no handler of ours
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return _INTERRUPT_EXIT
+        except Exception as err:
+            line = user_error_line(err)
+            if line is None:
+                raise
+            print(f"{prog}: error: {line}", file=sys.stderr)
+            return USER_ERROR_EXIT
+
+
+def model_not_found(err: OSError, option: str, name: str) -> None:
+    """Raise the one line for a model that cannot be loaded (`option` names the key or flag);
+    return when `err` carries an errno (a path the boundary names itself)."""
+    if err.errno is None:  # transformers' way of saying: no such hub id or directory
+        raise UserError(
+            f"cannot load {option}={name!r} ({one_line(err)}): give a local model directory or "
+            "a hub id present in the HF cache"
+        ) from err
 
 
 def user_error_line(err: BaseException) -> str | None:
     """The one-line message for a user or environment error, None for an internal one."""
-    for cause in _chain(err):
+    for cause in causes(err):
         if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
             where = cause.filename or "the run dir's disk"
             return f"no space left on the device of {where}: free space or choose another run_dir"
@@ -63,7 +104,8 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def _chain(err: BaseException):
+def causes(err: BaseException):
+    """`err`, then what caused it or was being handled when it was raised, and so on."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))

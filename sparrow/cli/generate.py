@@ -23,7 +23,14 @@ from pathlib import Path
 
 import torch
 
-from sparrow.cli.errors import run_main
+from sparrow.cli.errors import (
+    ArgumentParser,
+    UserError,
+    at_least,
+    model_not_found,
+    one_line,
+    run_main,
+)
 from sparrow.control.schedule import build_schedule, load_schedule_config
 from sparrow.malloc import tune_cpu_allocator
 from sparrow.models.loading import ModelConfig, load_model
@@ -38,12 +45,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = _parse(argv)
-    if args.budget_tokens is not None and args.schedule is not None:
-        print("sparrow-generate: give --budget-tokens or --schedule, not both", file=sys.stderr)
-        return 2
+    _check_bounds(args)
     torch.manual_seed(args.seed)
     tune_cpu_allocator()
-    lm = load_model(ModelConfig(args.model, dtype=args.dtype))
+    try:
+        lm = load_model(ModelConfig(args.model, dtype=args.dtype))
+    except OSError as err:
+        model_not_found(err, "--model", args.model)
+        raise
     data = DataConfig(
         source=args.prompts,
         split=args.split,
@@ -57,9 +66,17 @@ def _main(argv: list[str] | None) -> int:
     try:
         dataset = _load(data, lm.tokenizer)
     except DataError as e:
-        print(f"sparrow-generate: {e}", file=sys.stderr)
-        return 2
+        raise UserError(one_line(e)) from e  # it names the file, row or column
     prompts = dataset.prompts[: args.limit] if args.limit else dataset.prompts
+    longest = max(len(p.token_ids) for p in prompts)
+    # What the scheduler requires of one request (its last sampled token is never cached).
+    need = -(-(longest + args.max_tokens - 1) // args.page_size)
+    if need > args.num_pages:
+        raise UserError(
+            f"--num-pages {args.num_pages} cannot hold the longest prompt ({longest} tokens) "
+            f"with --max-tokens {args.max_tokens}: it needs {need} pages of {args.page_size}; "
+            "raise --num-pages or lower --max-tokens / --max-prompt-tokens"
+        )
     print(f"sparrow-generate: {dataset.summary()}; generating for {len(prompts)}", file=sys.stderr)
 
     engine_cfg = EngineConfig(
@@ -82,9 +99,8 @@ def _main(argv: list[str] | None) -> int:
     start = time.perf_counter()
     try:
         outputs = engine.generate([p.token_ids for p in prompts], params, n=args.n, progress=True)
-    except ValueError as e:
-        print(f"sparrow-generate: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # a prompt the KV pool cannot hold with its completion
+        raise UserError(f"{one_line(e)} (--num-pages {args.num_pages}, --max-tokens)") from e
     elapsed = time.perf_counter() - start
 
     out_path = Path(args.out)
@@ -101,6 +117,27 @@ def _main(argv: list[str] | None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _check_bounds(args: argparse.Namespace) -> None:
+    """Refuse, naming the options, values outside what they mean together (single counts are
+    bounded by their argparse types)."""
+    if args.budget_tokens is not None and args.schedule is not None:
+        raise UserError("give --budget-tokens or --schedule, not both")
+    top_k_bad = args.top_k is not None and args.top_k < 1
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or top_k_bad:
+        raise UserError(
+            f"--temperature {args.temperature}, --top-p {args.top_p}, --top-k {args.top_k}: "
+            "need temperature >= 0, 0 < top-p <= 1, top-k >= 1"
+        )
+    if args.budget_tokens is not None:
+        pool_tokens = args.num_pages * args.page_size
+        if not args.page_size <= args.budget_tokens <= pool_tokens:
+            raise UserError(
+                f"--budget-tokens {args.budget_tokens}: must be between one page "
+                f"(--page-size {args.page_size}) and the KV pool (--num-pages {args.num_pages} "
+                f"x {args.page_size} = {pool_tokens} tokens); leave it out to decode densely"
+            )
 
 
 def _load(data: DataConfig, tokenizer):
@@ -150,7 +187,7 @@ def _row(output, prompt, topk: int) -> dict:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sparrow-generate", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="sparrow-generate", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output JSONL path")
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded name, hub id, dir")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -159,22 +196,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--answer-column", default="answer", help="column kept as `answer` if present")
     p.add_argument("--task", default="arithmetic", choices=["arithmetic", "long_context"])
     p.add_argument("--split", default="train", help='file split, or "train"/"heldout" for tasks')
-    p.add_argument("--limit", type=int, default=0, help="first N prompts only (0: all)")
+    p.add_argument("--limit", type=at_least(0), default=0, help="first N prompts only (0: all)")
     p.add_argument("--no-chat-template", action="store_true", help="feed the text as is")
-    p.add_argument("--max-prompt-tokens", type=int, default=8192)
-    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--max-prompt-tokens", type=at_least(1), default=8192)
+    p.add_argument("--n", type=at_least(1), default=1, help="samples per prompt")
     p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=at_least(1), default=256)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--topk", type=int, default=0, help="also write the top-K ids and log-probs")
-    p.add_argument("--budget-tokens", type=int, default=None, help="constant sparse budget")
+    p.add_argument(
+        "--topk", type=at_least(0), default=0, help="also write the top-K ids and log-probs"
+    )
+    p.add_argument("--budget-tokens", type=at_least(1), default=None, help="constant sparse budget")
     p.add_argument("--schedule", default=None, help="schedule YAML (conf/schedule/*.yaml)")
     p.add_argument("--score", default="quest", choices=["quest", "centroid"])
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--num-pages", type=int, default=2048, help="KV pool size in pages")
-    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--page-size", type=at_least(1), default=16)
+    p.add_argument("--num-pages", type=at_least(1), default=2048, help="KV pool size in pages")
+    p.add_argument("--max-batch-size", type=at_least(1), default=64)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 

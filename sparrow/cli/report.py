@@ -8,14 +8,13 @@ bin covers (from the run's stored run_config.json: schedule.bin_tokens), e.g. `p
     sparrow-report runs/default --out runs/default/report
 """
 
-import argparse
 import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.cli.errors import run_main
+from sparrow.cli.errors import ArgumentParser, UserError, run_main
 from sparrow.train.metrics_logger import read_metrics
 from sparrow.train.run_config import FILE_NAME as RUN_CONFIG
 
@@ -54,7 +53,8 @@ def render(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     runs = {d.name if len(run_dirs) > 1 else "": read_metrics(d) for d in run_dirs}
     bin_tokens = {d.name if len(run_dirs) > 1 else "": _bin_tokens(d) for d in run_dirs}
     if not any(runs.values()):
-        raise SystemExit(f"sparrow-report: no metrics.jsonl rows in {[str(d) for d in run_dirs]}")
+        where = ", ".join(str(d / "metrics.jsonl") for d in run_dirs)
+        raise UserError(f"{where}: no metrics rows (has the run logged a step yet?)")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for panel in PANELS:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="sparrow-report", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="sparrow-report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (metrics.jsonl)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (RUN_DIR/report)")
     args = parser.parse_args(argv)

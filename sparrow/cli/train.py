@@ -10,18 +10,27 @@ Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
 Exit codes: 0 done; 2 bad input (config, data, model, paths, disk, a run dir whose config or
 checkpoint does not match), one line on stderr naming the key or path, or a run dir that another
 live run holds (naming its host, pid and start time); 3 training stopped on non-finite updates or
-weights, one line naming the last good checkpoint; 128 + signal after SIGTERM/SIGINT, once the
-step in flight is finished and checkpointed (a second signal exits at once). resume=auto (the
-default) continues from the newest complete checkpoint.
+weights, one line naming the last good checkpoint; 4 a rank was lost (a collective failed: another
+rank died or did not answer within actor.collective_timeout_min), one line saying how to resume;
+128 + signal after SIGTERM/SIGINT, once the step in flight is finished and checkpointed (a second
+signal exits at once; before the first step and during the final export it stops at once).
+resume=auto (the default) continues from the newest complete checkpoint.
 """
 
 import logging
 import os
 import sys
 
-from sparrow.cli.errors import UserError, one_line, run_main
+from sparrow.cli.errors import UserError, causes, model_not_found, one_line, run_main
+from sparrow.train.interruption import (
+    STARTUP_ADVICE,
+    Interrupted,
+    ignore_stop_signals,
+    stop_at_once,
+)
 
 USAGE = __doc__
+LOST_RANK_EXIT = 4
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,32 +72,51 @@ def _train(argv: list[str] | None) -> int:
         except RunDirBusy as err:
             raise UserError(one_line(err)) from err
     try:
-        return _run(cfg)
+        return _run_or_lost_rank(cfg)
     finally:
         lock.release()
 
 
-def _run(cfg) -> int:
+def _run_or_lost_rank(cfg) -> int:
+    from sparrow.distributed import lost_peer
     from sparrow.malloc import tune_cpu_allocator
+
+    tune_cpu_allocator()
+    try:
+        return _run(cfg)
+    except (RuntimeError, Interrupted) as err:
+        # torchrun SIGTERMs the other ranks right after one dies: that signal (or the
+        # Interrupted it already raised on the way here) must not hide the cause.
+        lost = next((e for e in causes(err) if lost_peer(e)), None)
+        if lost is None:
+            raise
+        ignore_stop_signals()
+        rank = f"rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')}"
+        print(
+            f"sparrow-train: {rank} stops: another rank was lost (a collective failed: "
+            f"{one_line(lost)[:160]}); run the same command again on every rank: resume=auto "
+            f"continues from the newest complete checkpoint in {cfg.run_dir}/checkpoints",
+            file=sys.stderr,
+            flush=True,
+        )
+        return LOST_RANK_EXIT
+
+
+def _run(cfg) -> int:
     from sparrow.train.graceful_stop import StopRequested
     from sparrow.train.run_config import ResumeMismatch
     from sparrow.train.trainer import GRPOTrainer
     from sparrow.train.weight_guard import NonFiniteStreak, NonFiniteWeights
 
-    tune_cpu_allocator()
-
-    try:
-        trainer = GRPOTrainer(cfg)
-    except OSError as err:
-        if err.errno is not None:  # a path: the boundary names it
+    # A signal before the loop has no step to finish: stop at once (fit guards its own start).
+    with stop_at_once("start-up", STARTUP_ADVICE):
+        try:
+            trainer = GRPOTrainer(cfg)
+        except OSError as err:
+            model_not_found(err, "model.name", cfg.model.name)
             raise
-        # transformers reports a model it cannot find (offline, or not a directory) this way.
-        raise UserError(
-            f"cannot load model.name={cfg.model.name!r} ({one_line(err)}): give a local model "
-            "directory or a hub id present in the HF cache"
-        ) from err
-    except ValueError as err:  # bad input found while loading model, data, parts
-        raise UserError(one_line(err)) from err
+        except ValueError as err:  # bad input found while loading model, data, parts
+            raise UserError(one_line(err)) from err
     if cfg.dry_run:
         print(trainer.plan())
         print("dry run: model and data loaded, stopping before training")

@@ -51,6 +51,16 @@ class AcceptanceSample:
         return kv_read_ratio(self.pages_read, self.pages_dense)
 
 
+def pages_to_measure(
+    prompt_tokens: int, max_new_tokens: int, num_samples: int, page_size: int
+) -> int:
+    """KV pages `measure_acceptance` holds at once for one prompt at most: its replay keeps
+    2 x `num_samples` sequences cached (dense and sparse), sharing the prompt's full pages."""
+    shared = prompt_tokens // page_size
+    per_sequence = -(-(prompt_tokens + max_new_tokens) // page_size) - shared
+    return shared + 2 * num_samples * per_sequence
+
+
 @torch.no_grad()
 def measure_acceptance(
     engine, prompt: list[int], schedules: list, params, temperature: float

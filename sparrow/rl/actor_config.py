@@ -29,8 +29,8 @@ class ActorConfig:
     share_prefix: bool = True
     # How long a rank waits in a collective for the others before the job fails. Ranks meet
     # only between rank-local rollouts, whose lengths differ: DeepSpeed's default (10 min) ends
-    # long-context runs whose slowest rank rolls out 10 min longer. Also how long ranks on
-    # other nodes wait after one rank dies before they exit too.
+    # long-context runs whose slowest rank rolls out 10 min longer. Also how long the others
+    # wait for a rank that hangs (one that dies is seen at once: its connections close).
     collective_timeout_min: float = 60.0
 
     def __post_init__(self):
@@ -40,6 +40,8 @@ class ActorConfig:
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if self.lr < 0:
+            raise ValueError(f"actor.lr must be >= 0, got {self.lr}")
         if self.micro_batch_size < 1:
             raise ValueError(f"actor.micro_batch_size must be >= 1: {self.micro_batch_size}")
         if self.collective_timeout_min <= 0:

@@ -68,6 +68,13 @@ class EngineConfig:
     # start with once, and prefill each prompt only from there (few-shot prompts share ~90%).
     share_prefix: bool = True
 
+    def __post_init__(self):
+        if self.max_batch_size < 1 or self.max_prefill_tokens < 1:
+            raise ValueError(
+                "rollout.engine.max_batch_size and max_prefill_tokens must be >= 1, got "
+                f"{self.max_batch_size} and {self.max_prefill_tokens}"
+            )
+
 
 @dataclass
 class SamplingParams:

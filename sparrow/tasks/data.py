@@ -29,6 +29,14 @@ class DataError(ValueError):
     """Unusable prompt data; the message names the file, split or column at fault."""
 
 
+class PromptsTooLong(DataError):
+    """Every prompt is over the limit; `shortest_tokens` says what the limit would have to be."""
+
+    def __init__(self, message: str, shortest_tokens: int):
+        super().__init__(message)
+        self.shortest_tokens = shortest_tokens
+
+
 @dataclass
 class DataConfig:
     source: str | None = "tasks"  # "tasks" (generator), a local file or directory, a hub name
@@ -182,8 +190,9 @@ def load_prompts(
         why = f"data.max_prompt_tokens={cfg.max_prompt_tokens}"
         if context_tokens is not None:
             why += f"; {context_tokens} tokens left by the context window"
-        raise DataError(
-            f"all {len(rows)} prompts of {source} are longer than {limit} tokens ({why})"
+        raise PromptsTooLong(
+            f"all {len(rows)} prompts of {source} are longer than {limit} tokens ({why})",
+            min(map(len, token_ids)),
         )
     return PromptDataset(prompts, source, split, len(rows), len(rows) - len(prompts), limit)
 
@@ -231,12 +240,38 @@ def _load_rows(cfg: DataConfig) -> tuple[list[dict], set[str], str]:
         root = e  # datasets wraps parse errors: the innermost one says what is wrong, and where
         while (root.__cause__ or root.__context__) is not None:
             root = root.__cause__ or root.__context__
+        if isinstance(root, UnicodeDecodeError) or "invalid utf8" in str(root).lower():
+            raise _not_utf8(cfg.source, root) from e
         detail = "" if root is e else f" ({type(root).__name__}: {root})"
         raise DataError(
             f"could not load dataset {cfg.source!r} (split {cfg.split!r}): "
             f"{type(e).__name__}: {e}{detail}"
         ) from e
-    return table.to_list(), set(table.column_names), cfg.source
+    try:  # pyarrow keeps a JSON string's bytes as they are and decodes them here
+        rows = table.to_list()
+    except UnicodeDecodeError as e:
+        raise _not_utf8(cfg.source, e) from e
+    return rows, set(table.column_names), cfg.source
+
+
+def _not_utf8(source: str, err: Exception) -> DataError:
+    """The error for a data file that is not UTF-8, naming the file, line and row."""
+    where = ""
+    if os.path.isfile(source):
+        with open(source, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    byte = line[bad.start : bad.start + 1].hex()
+                    # A row per line, after the header line of a CSV.
+                    first = {".jsonl": 1, ".csv": 2}.get(os.path.splitext(source)[1].lower())
+                    row = None if first is None else number - first
+                    where = f" line {number}{'' if row is None else f' (row {row})'}, byte "
+                    where += f"{bad.start + 1} (0x{byte})"
+                    break
+    reason = err.reason if isinstance(err, UnicodeDecodeError) else str(err)
+    return DataError(f"{source}{where} is not UTF-8 text ({reason}): save the file as UTF-8")
 
 
 def _render(cfg: DataConfig, tokenizer, prompt: Any, index: int, source: str) -> str:

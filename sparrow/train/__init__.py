@@ -14,6 +14,9 @@
     metrics_logger.py  metrics.jsonl, W&B (online, offline or off), histograms
     weight_guard.py    non-finite weights and update streaks stop the run
     graceful_stop.py   SIGTERM/SIGINT: finish the step, checkpoint, exit
+    interruption.py    signals outside the step loop (start-up, export): stop at once, one line
+    policy_export.py   the final policy/ written through policy.tmp and a rename
+    context_room.py    the tokens a prompt may take (KV pool, position limit) and the knob to name
     progress.py        the step line's elapsed time and ETA
 
 Reductions over ranks come from sparrow/distributed.py.

@@ -50,6 +50,15 @@ class EvalConfig:
     temperature: float = 0.0  # 0: greedy
     max_new_tokens: int = 48  # completion length cap at evaluation
 
+    def __post_init__(self):
+        if self.every < 0 or self.num_prompts < 0 or self.temperature < 0:
+            raise ValueError(
+                "rl.eval.every, rl.eval.num_prompts and rl.eval.temperature must be >= 0, got "
+                f"{self.every}, {self.num_prompts}, {self.temperature}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(f"rl.eval.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
 
 @dataclass
 class RLConfig:
@@ -70,10 +79,11 @@ class RLConfig:
     skip_no_signal: bool = True
 
     def __post_init__(self):
-        # prompts_per_step and keep_last are checked where they are used (prompt iterator,
-        # checkpoint manager), with messages naming the data size / checkpoint directory.
+        # prompts_per_step's upper bound (the data size) is checked by the prompt iterator.
         at_least_one = {
+            "prompts_per_step": self.prompts_per_step,
             "group_size": self.group_size,
+            "keep_last": self.keep_last,
             "max_nonfinite_streak": self.max_nonfinite_streak,
         }
         bad = {k: v for k, v in at_least_one.items() if v < 1}

@@ -37,6 +37,10 @@ class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)  # W&B settings
     console_every: int = 1  # print one summary line every this many steps
 
+    def __post_init__(self):
+        if self.console_every < 1:
+            raise ValueError(f"logger.console_every must be >= 1, got {self.console_every}")
+
 
 class MetricsLogger:
     """Writes each step's scalar metrics to metrics.jsonl and W&B; rank 0 only."""

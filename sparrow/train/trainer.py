@@ -41,14 +41,17 @@ from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.rollout.engine import LLMEngine, SamplingParams
-from sparrow.tasks.data import PromptIterator, load_eval_prompts, load_prompts
+from sparrow.tasks.data import PromptIterator, PromptsTooLong, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.config import SparrowConfig
+from sparrow.train.context_room import context_room
 from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
+from sparrow.train.interruption import STARTUP_ADVICE, stop_at_once
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
+from sparrow.train.policy_export import export_policy
 from sparrow.train.progress import StepClock
 from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
 from sparrow.train.run_state import CheckpointedRun
@@ -97,15 +100,16 @@ class GRPOTrainer(CheckpointedRun):
         self.tokenizer = loaded.tokenizer
         # Data first, so bad input fails in seconds rather than after DeepSpeed starts. Prompts
         # the engine could not hold with a full completion are skipped and counted.
-        room = min(
-            getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30,
-            eng.num_pages * eng.page_size,
-        ) - max(cfg.rollout.max_new_tokens, cfg.rl.eval.max_new_tokens)
-        self.train_data = load_prompts(cfg.data, self.tokenizer, context_tokens=room, heldout=False)
-        eval_cfg = cfg.rl.eval
-        self.eval_data = load_eval_prompts(  # never the training prompts
-            cfg.data, eval_cfg.split, self.tokenizer, context_tokens=room
-        )
+        room = context_room(cfg, loaded.model.config)
+        try:
+            self.train_data = load_prompts(
+                cfg.data, self.tokenizer, context_tokens=room.tokens, heldout=False
+            )
+            self.eval_data = load_eval_prompts(  # never the training prompts
+                cfg.data, cfg.rl.eval.split, self.tokenizer, context_tokens=room.tokens
+            )
+        except PromptsTooLong as err:
+            raise room.too_long(err) from err
         if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
@@ -172,13 +176,16 @@ class GRPOTrainer(CheckpointedRun):
     # ---- the loop ---------------------------------------------------------------------------
 
     def fit(self) -> dict:
-        self._maybe_resume()
-        if self.rank == 0:
-            print(self.plan(), flush=True)
-        last_eval = None
-        if self.cfg.rl.eval.every and self.step == 0:
-            last_eval = self._evaluate()
-            self.logger.log(0, last_eval)
+        # Before the loop and after it a signal stops at once (nothing to finish); inside it the
+        # step in flight is finished and checkpointed first.
+        with stop_at_once("start-up", STARTUP_ADVICE):
+            self._maybe_resume()
+            if self.rank == 0:
+                print(self.plan(), flush=True)
+            last_eval = None
+            if self.cfg.rl.eval.every and self.step == 0:
+                last_eval = self._evaluate()
+                self.logger.log(0, last_eval)
         clock = StepClock(self.step, self.cfg.rl.steps)
         with GracefulStop() as stop:
             while self.step < self.cfg.rl.steps:
@@ -207,7 +214,7 @@ class GRPOTrainer(CheckpointedRun):
                         path = self.save()
                     self.logger.close()
                     raise StopRequested(stop.signum or signal.SIGTERM, self.step, path)
-        self.actor.export_hf(self.run_dir / "policy", self.tokenizer)
+        export_policy(self.actor, self.tokenizer, self.run_dir / "policy", self.step, self.rank)
         self.logger.close()
         return last_eval or {}
 

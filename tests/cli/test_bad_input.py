@@ -82,8 +82,7 @@ def test_malformed_yaml_file_is_one_line_naming_it(capsys, tmp_path, monkeypatch
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("rl.keep_last=0", "error: keep_last must be >= 1, got 0"),
-        ("rl.prompts_per_step=0", "error: batch size 0 must be between 1 and the 64 prompts"),
+        ("rl.prompts_per_step=65", "error: batch size 65 must be between 1 and the 64 prompts"),
     ],
 )
 def test_value_rejected_by_a_component_is_one_line(capsys, tmp_path, override, expected):

@@ -1,5 +1,6 @@
 """A generate call's shared prompt prefix computed once (`EngineConfig.share_prefix`): the same
-tokens and log-probs as full prefills, dense or sparse, with preemption, and no page left held."""
+tokens and log-probs as full prefills, dense or sparse, with preemption, and no page left held;
+a prompt that leaves the others' prefix inside a page shares only the whole pages before it."""
 
 import pytest
 import torch
@@ -168,3 +169,104 @@ def test_smollm2_few_shot_prompts_match_full_prefills():
     preempted, stats = run(True, greedy, num_pages=28)
     assert stats.num_preemptions > 0
     assert_same(preempted, reference)
+
+
+def _diverging(prompt: list[int], at: int, vocab: int) -> list[int]:
+    """`prompt` with token `at` replaced by another ordinary token (ids 3.. in the tiny vocab)."""
+    changed = list(prompt)
+    changed[at] = 3 + (changed[at] - 3 + 1) % (vocab - 3)
+    return changed
+
+
+def _recorded_prefills(engine, monkeypatch):
+    """Per prompt prefilled by `engine.generate`: its page table, cached-token count and the
+    (L, T, H_kv, D) K and V its pages hold right after its prefill; and the prefix pages held."""
+    kv, ps = engine.runner.kv, engine.cfg.page_size
+    prefills, held = {}, []
+    prefill = engine.runner.prefill
+
+    def recording_prefill(groups, update_summaries):
+        logits = prefill(groups, update_summaries)
+        for group in groups:
+            seq = group[0]
+            pos = torch.arange(seq.num_tokens)
+            pages = torch.tensor(seq.page_table)[pos // ps]
+            prefills[tuple(seq.token_ids)] = (
+                list(seq.page_table),
+                seq.num_cached_tokens,
+                kv.k[:, pages, pos % ps].clone(),  # (L, T, H_kv, D)
+                kv.v[:, pages, pos % ps].clone(),
+            )
+        return logits
+
+    hold_prefix = BlockManager.hold_prefix
+
+    def recording_hold(self, token_ids):
+        pages = hold_prefix(self, token_ids)
+        held.extend(pages)
+        return pages
+
+    monkeypatch.setattr(engine.runner, "prefill", recording_prefill)
+    monkeypatch.setattr(BlockManager, "hold_prefix", recording_hold)
+    return prefills, held
+
+
+@pytest.mark.parametrize("at", [2, 5], ids=["inside-first-page", "inside-second-page"])
+def test_prompt_diverging_inside_the_shared_pages_matches_full_prefills(
+    lively_llama, monkeypatch, at
+):
+    """Two prompts share a 20-token (5-page) prefix; a third follows them only up to token `at`,
+    inside the first or the second of those pages. What all three share is held (0 or 1 page);
+    each prompt's own pages start where it diverges, and hold the K/V a full prefill writes;
+    tokens and log-probs are a full prefill's."""
+    vocab = lively_llama.model.config.vocab_size
+    first, second = few_shot_like(vocab)[:2]
+    prompts = [first, second, _diverging(first, at, vocab)]
+    shared = at // 4 * 4
+    assert shared_prefix_tokens(prompts, 4) == shared
+
+    runs = {}
+    for share in (True, False):
+        engine = make_engine(lively_llama, share)
+        with monkeypatch.context() as patch:
+            prefills, held = _recorded_prefills(engine, patch)
+            outputs = engine.generate(prompts, GREEDY, n=2)
+        runs[share] = (outputs, engine.last_stats, prefills, held)
+
+    (on, on_stats, on_prefills, held), (off, off_stats, off_prefills, _) = runs[True], runs[False]
+    assert_same(on, off)
+    assert off_stats.prefill_tokens - on_stats.prefill_tokens == 2 * shared  # computed once
+    assert len(held) == shared // 4
+    for prompt in prompts:
+        pages, cached, k, v = on_prefills[tuple(prompt)]
+        assert cached == shared
+        assert pages[: len(held)] == held  # the held prefix, and nothing of it beyond
+        assert not set(pages[len(held) :]) & set(held)
+        _, off_cached, off_k, off_v = off_prefills[tuple(prompt)]
+        assert off_cached == 0
+        torch.testing.assert_close(k, off_k, atol=1e-5, rtol=0)
+        torch.testing.assert_close(v, off_v, atol=1e-5, rtol=0)
+
+
+def test_block_manager_shares_nothing_with_a_sequence_leaving_the_prefix_midway():
+    """Held prefix of 2 pages; sequences that leave it inside its first or second page, or
+    stop before its end, get pages of their own and leave the held pages' counts alone."""
+    bm = BlockManager(num_pages=16, page_size=4)
+    prefix = list(range(10, 18))
+    held = bm.hold_prefix(prefix)
+    leavers = [
+        prefix[:2] + [99] + prefix[3:] + [50, 51],  # inside the first page
+        prefix[:5] + [99] + prefix[6:] + [50, 51],  # inside the second page
+        prefix[:6],  # a prefix of the prefix
+        prefix,  # the prefix itself: no token of its own
+    ]
+    seqs = [Sequence(i, i, tokens, max_tokens=4) for i, tokens in enumerate(leavers)]
+    for seq in seqs:
+        assert bm.cached_tokens(seq) == 0
+        bm.allocate_prefill([seq])
+        assert seq.num_cached_tokens == 0 and not set(seq.page_table) & set(held)
+    assert [bm.ref_count(p) for p in held] == [1, 1]
+    for seq in seqs:
+        bm.free(seq)
+    bm.release_prefix()
+    assert bm.num_free_pages == bm.num_pages

@@ -2,15 +2,23 @@
 
     python tests/train/pause_at.py PHASE STEP MARKER_FILE [sparrow-train overrides ...]
 
-PHASE (all of them inside training step STEP; `none` never pauses):
+PHASE (inside training step STEP unless said otherwise; `none` never pauses):
+    load        start-up: the model is loaded, the engine and DeepSpeed are not built yet (STEP
+                is ignored)
+    eval        the first decode steps of the evaluation after step STEP are done (0: the
+                step-0 evaluation, still start-up)
     rollout     after the third decode step of the step's first engine.generate call
     update      inside actor.train_step, after the first micro-batch's backward pass and before
                 the second micro-batch's loss (gradients half accumulated, no optimizer step yet)
     checkpoint  the actor's DeepSpeed files are written into step_XXXXXX.tmp, no COMPLETE marker
     rename      the COMPLETE marker is written, the .tmp directory is not yet renamed
+    export      the final policy export has written the model's weights, not yet its tokenizer
+                (STEP is ignored)
 
 On reaching the phase the process writes MARKER_FILE and sleeps, so that a test can SIGKILL it
-exactly there instead of racing a timer. With PAUSE_AT_GO=1 in the environment it sleeps only
+exactly there instead of racing a timer. With PAUSE_AT_RANK=R in the environment only rank R
+pauses (the others go on until they wait for it); a MARKER_FILE that exists already (left by the
+run a relaunch resumes) is not paused at again. With PAUSE_AT_GO=1 in the environment it sleeps only
 until MARKER_FILE with the suffix `.go` appears, then carries on: a test sends a signal while the
 process is frozen in the phase and then lets it handle the signal.
 
@@ -28,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+import sparrow.train.evaluation
+import sparrow.train.trainer
 from sparrow.cli.train import main
 from sparrow.rl.actor import DenseActor
 from sparrow.rollout.engine import LLMEngine
@@ -35,7 +45,7 @@ from sparrow.rollout.model_runner import ModelRunner
 from sparrow.tasks.rewards import RewardResult, register_reward
 from sparrow.train.trainer import GRPOTrainer
 
-PHASES = ("none", "rollout", "update", "checkpoint", "rename")
+PHASES = ("none", "load", "eval", "rollout", "update", "checkpoint", "rename", "export")
 
 
 class _Run:
@@ -44,6 +54,9 @@ class _Run:
 
 
 def _pause(phase: str, step: int, marker: Path) -> None:
+    rank = os.environ.get("PAUSE_AT_RANK")
+    if marker.exists() or (rank is not None and rank != os.environ.get("RANK", "0")):
+        return
     tmp = marker.with_suffix(".part")
     tmp.write_text(json.dumps({"phase": phase, "step": step, "pid": os.getpid()}))
     os.replace(tmp, marker)
@@ -64,6 +77,26 @@ def install(phase: str, target: int, marker: Path) -> None:
     real_actor_step = DenseActor.train_step
     real_save = DenseActor.save_checkpoint
     real_replace = os.replace
+    real_load_model = sparrow.train.trainer.load_model
+    real_evaluate = sparrow.train.evaluation.evaluate
+    real_export = DenseActor.export_hf
+
+    def load_model(*args, **kwargs):
+        loaded = real_load_model(*args, **kwargs)
+        if phase == "load":
+            _pause(phase, target, marker)
+        return loaded
+
+    def evaluate(*args, **kwargs):
+        if phase == "eval" and _Run.step == target and _Run.decodes_in_rollout is None:
+            _Run.decodes_in_rollout = 0  # the decode hook pauses at its third call
+        return real_evaluate(*args, **kwargs)
+
+    def export_hf(self, directory, tokenizer=None):
+        real_export(self, directory, None)  # the weights
+        if phase == "export":
+            _pause(phase, target, marker)
+        real_export(self, directory, tokenizer)
 
     def train_step(self):
         _Run.step = self.step + 1
@@ -109,6 +142,9 @@ def install(phase: str, target: int, marker: Path) -> None:
         return real_replace(src, dst, *args, **kwargs)
 
     GRPOTrainer.train_step = train_step
+    sparrow.train.trainer.load_model = load_model
+    sparrow.train.trainer.evaluate = evaluate
+    DenseActor.export_hf = export_hf
     LLMEngine.generate = generate
     ModelRunner.decode = decode
     DenseActor.train_step = actor_step

@@ -1,0 +1,67 @@
+"""`lost_peer`: what gloo raises on the survivor of a collective whose peer died (a closed
+connection) or stopped answering (the process group's timeout), told apart from other errors.
+Two real ranks under torchrun, plain torch.distributed (no DeepSpeed, no trainer)."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparrow.distributed import lost_peer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE"}}
+    env = {k: v for k, v in env.items() if not k.startswith(("MASTER_", "TORCHELASTIC_"))}
+    return env | {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+
+
+PEER = """
+import os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+from sparrow.distributed import lost_peer
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+if dist.get_rank() == 1:
+    if sys.argv[1] == "dies":
+        os._exit(9)
+    time.sleep(8)  # hangs past the 3 s timeout: rank 0 gives up first
+    os._exit(0)
+try:
+    dist.all_reduce(torch.ones(1))
+except RuntimeError as err:
+    print("lost_peer", lost_peer(err), flush=True)
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ["dies", "hangs"])
+def test_a_collective_with_a_dead_or_silent_peer_is_a_lost_peer(tmp_path, how):
+    """What gloo raises on the survivor, as lost_peer reads it (no DeepSpeed, no trainer)."""
+    script = tmp_path / "peer.py"
+    script.write_text(PEER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    cmd += ["--master_port", str(_free_port()), str(script), how]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert "lost_peer True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_other_errors_are_not_a_lost_peer():
+    try:
+        raise RuntimeError("Connection closed by peer")  # the words, but not a collective
+    except RuntimeError as err:
+        assert not lost_peer(err)
+    assert not lost_peer(RuntimeError("timed out"))  # never raised: no traceback
+    assert not lost_peer(ValueError("timed out"))
