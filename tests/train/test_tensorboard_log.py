@@ -93,7 +93,8 @@ def test_resume_keeps_each_step_once_in_tensorboard(tmp_path):
 def test_smoke_run_tensorboard_equals_metrics_jsonl(smoke_run):
     count = assert_equal_to_jsonl(smoke_run, smoke_run / "tensorboard")
     assert count > 100  # the smoke run's ~90 scalars over three rows, eval included
-    acc = event_accumulator.EventAccumulator(str(smoke_run / "tensorboard"))
+    guidance = {event_accumulator.HISTOGRAMS: 0}  # keep every step (the default keeps one)
+    acc = event_accumulator.EventAccumulator(str(smoke_run / "tensorboard"), size_guidance=guidance)
     acc.Reload()
     assert acc.Tags()["histograms"] == ["accept/histogram"]
     assert [e.step for e in acc.Histograms("accept/histogram")] == [1, 2]
