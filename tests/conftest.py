@@ -39,6 +39,6 @@ def smoke_run(tmp_path_factory):
     cmd = [sys.executable, "-m", "sparrow.cli.train", "preset=smoke", f"run_dir={run_dir}"]
     cmd += ["monitor.speedup_every=1", "logger.tensorboard.enabled=true"]
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
 
 from test_loop_fake_actor import _trainer
@@ -21,17 +20,13 @@ from sparrow.train import checkpoint
 WANDB_FILES = Path(__file__).resolve().parents[1] / "reliability" / "wandb_files.py"
 
 
-def _wandb_steps(run_dir: Path, expected: list[int]) -> dict[int, dict]:
-    """What the run's offline W&B files hold, read with wandb's own protobuf classes. wandb's
-    service may still be writing the file when finish() has returned (seen with a second run in
-    one process on the loaded 2-core VM): read again until `expected` is there or 30 s pass."""
+def _wandb_steps(run_dir: Path) -> dict[int, dict]:
+    """What the run's offline W&B files hold, read with wandb's own protobuf classes."""
     spec = importlib.util.spec_from_file_location("wandb_files", WANDB_FILES)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    deadline = time.monotonic() + 30
-    while sorted(steps := module.logged_steps(run_dir)) != expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return steps
+    module.wait_until_written(run_dir)
+    return module.logged_steps(run_dir)
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -61,7 +56,7 @@ def test_torn_row_is_restored_from_its_checkpoint_and_resent(tmp_path, caplog, m
     assert "the row of step 3 was torn or missing; restored it from the step-3 checkpoint" in (
         caplog.text
     )
-    wandb_steps = _wandb_steps(tmp_path, [1, 2, 3, 4])
+    wandb_steps = _wandb_steps(tmp_path)
     assert sorted(wandb_steps) == [1, 2, 3, 4]
     assert wandb_steps[3]["loss/loss"] == before[2]["loss/loss"]
     assert wandb_steps[3]["reward/mean"] == before[2]["reward/mean"]
