@@ -7,21 +7,14 @@ data. Several runs overlaid differ by line style (solid, dashed, dotted, dash-do
 """
 
 import re
-from dataclasses import dataclass
 
 import matplotlib.colors as mcolors
 import numpy as np
 
+from sparrow.cli.report_runs import RunData
 from sparrow.train.panels import Panel, bin_index, matches
 
 RUN_STYLES = ("-", "--", ":", "-.")
-
-
-@dataclass
-class RunData:
-    name: str  # "" for a single run
-    rows: list[dict]
-    bin_tokens: int | None  # position-bin width, for labels; None: label by index
 
 
 class Palette:

@@ -14,35 +14,16 @@ style per run. `--wandb-workspace` saves the same panels as a W&B workspace of t
 """
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
-from sparrow.cli.errors import UserError, run_main
-from sparrow.train.metrics_logger import read_metrics
-from sparrow.train.panels import decoded_bins, layout
-from sparrow.train.run_config import FILE_NAME as RUN_CONFIG
+from sparrow.cli.errors import run_main
+from sparrow.cli.report_runs import load_runs
+from sparrow.train.panels import layout
 
 OVERVIEW = "report.png"
 _COLUMNS = 3  # panels per row in report.png
-
-
-def load_runs(run_dirs: list[Path], bin_tokens: int | None = None):
-    """(RunData per directory, the union of their keys, the bins any of them decoded);
-    `bin_tokens` labels bins of runs that stored no config."""
-    from sparrow.cli.panel_drawing import RunData
-
-    runs = [
-        RunData(d.name if len(run_dirs) > 1 else "", read_metrics(d), _bin_tokens(d) or bin_tokens)
-        for d in run_dirs
-    ]
-    if not any(run.rows for run in runs):
-        raise UserError(f"no metrics.jsonl rows in {', '.join(str(d) for d in run_dirs)}")
-    keys = {k for run in runs for row in run.rows for k in row}
-    per_run = [decoded_bins(run.rows) for run in runs]
-    bins = None if all(b is None for b in per_run) else set().union(*(b or set() for b in per_run))
-    return runs, keys, bins
 
 
 def render(run_dirs: list[Path], out_dir: Path, bin_tokens: int | None = None) -> list[Path]:
@@ -92,14 +73,6 @@ def _overview(sections, runs, palette, path: Path, plt) -> Path:
 
 def _flat(blocks):
     return blocks.ravel() if hasattr(blocks, "ravel") else [blocks]
-
-
-def _bin_tokens(run_dir: Path) -> int | None:
-    """The run's position-bin width, from the config it stored; None when unknown."""
-    try:
-        return int(json.loads((run_dir / RUN_CONFIG).read_text())["schedule"]["bin_tokens"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

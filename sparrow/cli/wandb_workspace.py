@@ -24,7 +24,7 @@ HEATMAP_FIELDS = {"Actual": "bin", "Predicted": "step", "nPredictions": "p5"}
 
 def build_workspace(run_dirs: list[Path], entity: str, project: str, name: str):
     """The workspace object (not saved): one section per dashboard section with data."""
-    from sparrow.cli.report import load_runs
+    from sparrow.cli.report_runs import load_runs
     from sparrow.train.panels import layout
 
     ws, wr = _modules()

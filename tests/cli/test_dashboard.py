@@ -14,6 +14,7 @@ import matplotlib
 import pytest
 
 from sparrow.cli import report
+from sparrow.cli.report_runs import load_runs
 from sparrow.cli.wandb_workspace import HEATMAP_PRESET, build_workspace
 from sparrow.train.metrics_logger import read_metrics
 from sparrow.train.panels import PANELS, TAU_KEY, decoded_bins, layout, matches, resolve
@@ -139,7 +140,7 @@ def test_only_bins_that_decoded_are_drawn_one_colour_each_legend_outside(tmp_pat
 
     from sparrow.cli.panel_drawing import Palette, draw
 
-    runs, keys, bins = report.load_runs([DEFAULT_RUN], bin_tokens=32)
+    runs, keys, bins = load_runs([DEFAULT_RUN], bin_tokens=32)
     assert sum(k.startswith("schedule/budget_pages/bin") for k in keys) == 13
     assert bins == {12, 13}  # the completions: positions 384-447; bins 0-11 are the prompt
     panels = {p.name: p for p in PANELS}

@@ -50,17 +50,18 @@ def test_report_without_metrics_is_a_clear_error(tmp_path, capsys):
 
 
 def test_bin_series_are_labelled_by_their_positions(tmp_path):
-    from sparrow.cli.panel_drawing import RunData, _label
+    from sparrow.cli.panel_drawing import _label
+    from sparrow.cli.report_runs import RunData, stored_bin_tokens
 
     _write_run(tmp_path / "run", 2, 0.9)
     stored = {"schedule": {"bin_tokens": 2048}}
     (tmp_path / "run" / "run_config.json").write_text(json.dumps(stored))
-    bins = report._bin_tokens(tmp_path / "run")
+    bins = stored_bin_tokens(tmp_path / "run")
     assert bins == 2048
     run = RunData("", [], bins)
     assert _label(run, "accept/p5/bin0") == "accept/p5 pos 0-2047"
     assert _label(run, "schedule/budget_pages/bin3") == "schedule/budget_pages pos 6144-8191"
     assert _label(run, "reward/mean") == "reward/mean"
-    assert report._bin_tokens(tmp_path) is None  # no stored config: bins by index
+    assert stored_bin_tokens(tmp_path) is None  # no stored config: bins by index
     assert _label(RunData("", [], None), "accept/p5/bin1") == "accept/p5 bin 1"
     assert _label(RunData("dense", [], None), "kv_read_ratio") == "dense kv_read_ratio"
