@@ -2,6 +2,8 @@
 
 from setuptools import find_packages, setup
 
+DASHBOARDS = ["tensorboard>=2.21", "wandb-workspaces>=0.4.13,<0.5"]
+
 setup(
     name="sparrow",
     version="0.1.0",
@@ -36,7 +38,13 @@ setup(
         # deepspeed is installed by the Makefile with --no-build-isolation (see README): a plain
         # dependency here would build it in an isolated env that pulls a multi-GB CUDA torch.
     ],
-    extras_require={"dev": ["pytest>=8", "ruff>=0.5"]},
+    # The dashboards beyond metrics.jsonl and W&B: TensorBoard event files
+    # (logger.tensorboard.enabled) and the W&B workspace as code (sparrow-report
+    # --wandb-workspace). Optional: without them those two say which package to install.
+    extras_require={
+        "dashboards": DASHBOARDS,
+        "dev": ["pytest>=8", "ruff>=0.5", *DASHBOARDS],
+    },
     entry_points={
         "console_scripts": [
             "sparrow-train=sparrow.cli.train:main",

@@ -54,3 +54,23 @@ def lively_llama(tiny_llama):
     config = tiny_model_config("llama", vocab_size=len(tiny_llama.tokenizer))
     config.initializer_range = 0.2
     return LoadedModel(random_model(config, seed=0), tiny_llama.tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One real `sparrow-train preset=smoke` run for the session's tests that read a run's
+    outputs (the dashboard's keys, TensorBoard's event files), with every logged feature on:
+    evaluation (the preset's), the measured speedup, TensorBoard, W&B offline."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run_dir = tmp_path_factory.mktemp("smoke_run")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env |= {"HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
+    cmd = [sys.executable, "-m", "sparrow.cli.train", "preset=smoke", f"run_dir={run_dir}"]
+    cmd += ["monitor.speedup_every=1", "logger.tensorboard.enabled=true"]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir

@@ -3,7 +3,10 @@
 train.py          sparrow-train
 generate.py       sparrow-generate
 calibrate.py      sparrow-calibrate
-report.py         sparrow-report
+report.py         sparrow-report: the panels as PNGs, or as a W&B workspace
+report_runs.py    the run directories a report reads
+panel_drawing.py  one panel drawn with matplotlib
+wandb_workspace.py the panels as a wandb-workspaces workspace
 config_loader.py  Hydra composition with one-line errors
 errors.py         the error boundary every console script shares (user errors: one line)
 """

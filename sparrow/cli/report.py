@@ -1,143 +1,77 @@
-"""`sparrow-report RUN_DIR [RUN_DIR ...]`: the W&B dashboard as PNG plots, from metrics.jsonl.
+"""`sparrow-report RUN_DIR [RUN_DIR ...]`: the method's dashboard as PNGs from metrics.jsonl, or
+as a W&B workspace.
 
-One figure per panel (reward, held-out accuracy, p5/p1/mean acceptance per position bin with the
-tau line, budget per bin, KV-read ratio, predicted vs measured speedup, time split); several run
-directories are overlaid, one colour per run. Per-bin series are labelled by the positions the
-bin covers (from the run's stored run_config.json: schedule.bin_tokens), e.g. `p5 pos 0-2047`.
+    sparrow-report runs/default                          # RUN_DIR/report/*.png and report.png
+    sparrow-report runs/default --wandb-workspace ENTITY/PROJECT
 
-    sparrow-report runs/default --out runs/default/report
+The panels, their sections (tail acceptance, budget, learning, rollout correction, cost) and
+their order are sparrow/train/panels.py's, for the PNGs and the workspace alike. One PNG per
+panel that has data, and report.png with all of them in their sections. Per-bin series are drawn
+only for position bins that decoded tokens, labelled by the positions they cover (from the run's
+stored run_config.json: schedule.bin_tokens). Several run directories are overlaid, one line
+style per run. `--wandb-workspace` saves the same panels as a W&B workspace of that project
+(needs the wandb-workspaces package, an API key and network; see sparrow/cli/wandb_workspace.py).
 """
 
-import json
-import re
+import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.cli.errors import ArgumentParser, UserError, run_main
-from sparrow.train.metrics_logger import read_metrics
-from sparrow.train.run_config import FILE_NAME as RUN_CONFIG
+from sparrow.cli.errors import ArgumentParser, run_main
+from sparrow.cli.report_runs import load_runs
+from sparrow.train.panels import layout
+
+OVERVIEW = "report.png"
+_COLUMNS = 3  # panels per row in report.png
 
 
-@dataclass(frozen=True)
-class Panel:
-    name: str  # file stem and title
-    pattern: str  # regex over metric keys; every matching key is one line per run
-    ylabel: str
-    hline_key: str | None = None  # a metric drawn as a dashed horizontal line (e.g. tau)
-
-
-PANELS = (
-    Panel("reward", r"^reward/mean$|^acc/train$", "mean reward / train accuracy"),
-    Panel("eval_accuracy", r"^eval/accuracy$", "held-out accuracy"),
-    Panel("response_length", r"^len/completion_mean$|^eval/len_mean$", "tokens"),
-    Panel("p5_acceptance", r"^accept/p5/bin\d+$", "p5 acceptance per bin", "controller/tau"),
-    Panel("p1_acceptance", r"^accept/p1/bin\d+$", "p1 acceptance per bin", "controller/tau"),
-    Panel("mean_acceptance", r"^accept/mean/bin\d+$", "mean acceptance per bin"),
-    Panel("noise_floor", r"^noise_floor/p5/bin\d+$", "dense-vs-dense p5 per bin", "controller/tau"),
-    Panel("budget", r"^schedule/budget_pages/bin\d+$", "budget (pages)"),
-    Panel("kv_read_ratio", r"^kv_read_ratio$", "pages read / dense pages"),
-    Panel("speedup", r"^speedup/(predicted|measured)$", "rollout speedup vs dense"),
-    Panel("time_split", r"^time/\w+_s$", "seconds per step"),
-    Panel("loss", r"^loss/\w+$", "loss"),
-    Panel("entropy", r"^entropy/mean$", "entropy (nats)"),
-)
-
-
-def render(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+def render(run_dirs: list[Path], out_dir: Path, bin_tokens: int | None = None) -> list[Path]:
+    """Write one PNG per panel with data and the overview; returns their paths, overview last."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {d.name if len(run_dirs) > 1 else "": read_metrics(d) for d in run_dirs}
-    bin_tokens = {d.name if len(run_dirs) > 1 else "": _bin_tokens(d) for d in run_dirs}
-    if not any(runs.values()):
-        where = ", ".join(str(d / "metrics.jsonl") for d in run_dirs)
-        raise UserError(f"{where}: no metrics rows (has the run logged a step yet?)")
+    from sparrow.cli.panel_drawing import Palette, draw
+
+    runs, keys, bins = load_runs(run_dirs, bin_tokens)
+    sections = layout(keys, bins)
+    palette = Palette(sorted(bins or ()))
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for panel in PANELS:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        drawn = 0
-        for run_name, rows in runs.items():
-            keys = sorted({k for r in rows for k in r if re.search(panel.pattern, k)}, key=_natural)
-            for key in keys:
-                xs = [r["step"] for r in rows if isinstance(r.get(key), (int, float))]
-                ys = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-                if xs:
-                    label = f"{run_name} {_series_label(key, bin_tokens[run_name])}".strip()
-                    ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=label)
-                    drawn += 1
-            if panel.hline_key:
-                taus = [r[panel.hline_key] for r in rows if panel.hline_key in r]
-                if taus:
-                    ax.axhline(taus[-1], color="k", linestyle="--", linewidth=1, label="tau")
-        if drawn == 0:
+    for _, panels in sections:
+        for panel, panel_keys in panels:
+            fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
+            if draw(ax, panel, panel_keys, runs, palette):
+                written.append(out_dir / f"{panel.name}.png")
+                fig.savefig(written[-1], dpi=110)
             plt.close(fig)
-            continue
-        ax.set_xlabel("step")
-        ax.set_ylabel(panel.ylabel)
-        ax.set_title(panel.name.replace("_", " "))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2 if drawn > 8 else 1)
-        fig.tight_layout()
-        path = out_dir / f"{panel.name}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    hist = _histogram(runs, out_dir, plt)
-    return written + ([hist] if hist else [])
+    written.append(_overview(sections, runs, palette, out_dir / OVERVIEW, plt))
+    return written
 
 
-def _histogram(runs: dict, out_dir: Path, plt) -> Path | None:
-    """Per-token acceptance histogram (`accept/hist20`: 20 bins over [0, 1]) of each run's
-    first and last logged step, as fractions of tokens on a log axis (the tail is what matters)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    drawn = 0
-    for run_name, rows in runs.items():
-        logged = [r for r in rows if isinstance(r.get("accept/hist20"), list)]
-        for row in logged[:1] + logged[-1:] if len(logged) > 1 else logged:
-            counts = row["accept/hist20"]
-            total = max(sum(counts), 1)
-            edges = [i / len(counts) for i in range(len(counts) + 1)]
-            label = f"{run_name} step {row['step']}".strip()
-            ax.stairs([c / total for c in counts], edges, label=label)
-            drawn += 1
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_yscale("log")
-    ax.set_xlabel("per-token acceptance")
-    ax.set_ylabel("fraction of tokens")
-    ax.set_title("acceptance histogram")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = out_dir / "acceptance_histogram.png"
-    fig.savefig(path, dpi=110)
+def _overview(sections, runs, palette, path: Path, plt) -> Path:
+    """All panels on one page, a block of rows per section under the section's name."""
+    from sparrow.cli.panel_drawing import draw
+
+    heights = [math.ceil(len(panels) / _COLUMNS) for _, panels in sections]
+    fig = plt.figure(figsize=(6 * _COLUMNS, 3.9 * sum(heights)), layout="constrained")
+    blocks = fig.subfigures(len(sections), 1, height_ratios=heights)
+    for block, (section, panels) in zip(list(_flat(blocks)), sections, strict=True):
+        block.suptitle(section, fontsize=13, fontweight="bold", x=0.01, ha="left")
+        axes = block.subplots(math.ceil(len(panels) / _COLUMNS), _COLUMNS, squeeze=False).ravel()
+        for ax, (panel, keys) in zip(axes, panels, strict=False):
+            if not draw(ax, panel, keys, runs, palette):
+                ax.set_visible(False)
+        for ax in axes[len(panels) :]:
+            ax.set_visible(False)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
 
 
-def _bin_tokens(run_dir: Path) -> int | None:
-    """The run's position-bin width, from the config it stored; None when unknown."""
-    try:
-        return int(json.loads((run_dir / RUN_CONFIG).read_text())["schedule"]["bin_tokens"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _series_label(key: str, bin_tokens: int | None) -> str:
-    """`accept/p5/bin1` -> `accept/p5 pos 2048-4095` (with 2048-token bins)."""
-    match = re.fullmatch(r"(.*)/bin(\d+)", key)
-    if match is None or bin_tokens is None:
-        return key
-    i = int(match.group(2))
-    return f"{match.group(1)} pos {i * bin_tokens}-{(i + 1) * bin_tokens - 1}"
-
-
-def _natural(key: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
+def _flat(blocks):
+    return blocks.ravel() if hasattr(blocks, "ravel") else [blocks]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,13 +82,33 @@ def _report(argv: list[str] | None) -> int:
     parser = ArgumentParser(prog="sparrow-report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (metrics.jsonl)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (RUN_DIR/report)")
+    parser.add_argument(
+        "--bin-tokens",
+        type=int,
+        default=None,
+        help="position-bin width for the labels of runs without a stored run_config.json",
+    )
+    parser.add_argument(
+        "--wandb-workspace",
+        metavar="ENTITY/PROJECT",
+        default=None,
+        help="save the panels as a W&B workspace of this project instead of drawing PNGs",
+    )
+    parser.add_argument(
+        "--workspace-name", default="sparrow: the method", help="the W&B workspace's name"
+    )
     args = parser.parse_args(argv)
     for d in args.run_dirs:
         if not (d / "metrics.jsonl").is_file():
             print(f"sparrow-report: {d}/metrics.jsonl not found", file=sys.stderr)
             return 2
+    if args.wandb_workspace is not None:
+        from sparrow.cli.wandb_workspace import save_workspace
+
+        print(save_workspace(args.run_dirs, args.wandb_workspace, args.workspace_name))
+        return 0
     out = args.out or (args.run_dirs[0] / "report")
-    for path in render(args.run_dirs, out):
+    for path in render(args.run_dirs, out, args.bin_tokens):
         print(path)
     return 0
 

@@ -12,6 +12,9 @@
     run_seeds.py       every random stream derived from the one `seed`
     run_history.py     metrics.jsonl cut back to the resumed step
     metrics_logger.py  metrics.jsonl, W&B (online, offline or off), histograms
+    wandb_run.py       the W&B run's step axis and summaries
+    tensorboard_log.py TensorBoard as a second logger
+    panels.py          the dashboard's panels, one list for the PNGs and the W&B workspace
     weight_guard.py    non-finite weights and update streaks stop the run
     graceful_stop.py   SIGTERM/SIGINT: finish the step, checkpoint, exit
     interruption.py    signals outside the step loop (start-up, export): stop at once, one line

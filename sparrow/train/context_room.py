@@ -8,8 +8,8 @@ the knob that sets the room and, for the pool, the value that would let the shor
 
 from dataclasses import dataclass
 
-from sparrow.train.config import SparrowConfig
 from sparrow.tasks.data import PromptsTooLong
+from sparrow.train.config import SparrowConfig
 
 _COMPLETION_KEYS = "rollout.max_new_tokens, rl.eval.max_new_tokens"
 

@@ -1,6 +1,7 @@
 """The GRPO trainer's run state, saved with the actor in every checkpoint and restored on
 resume: the prompt order, the controller, the engine's sampling-call count (its seed stream), the
-non-finite streak, the first evaluation's scores and DistillSparse's adapter.
+non-finite streak, the first evaluation's scores, DistillSparse's adapter, and the step's own
+metrics row (restored from here if metrics.jsonl lost it).
 
 `CheckpointedRun` is GRPOTrainer's base: it reads and writes the trainer's parts (`prompts`,
 `controller`, `engine`, `actor`, `distill`, `baseline`, `checkpoints`, `logger`, `ranks`) and
@@ -24,7 +25,13 @@ class CheckpointedRun:
             "nonfinite_streak": self.nonfinite_streak,
             "first_eval": self.baseline.scores,
             "distill": None if self.distill is None else self.distill.state_dict(),
+            "metrics_row": self._step_row(),
         }
+
+    def _step_row(self) -> dict | None:
+        """This step's metrics row as logged (rank 0 logs; other ranks save no trainer state)."""
+        row = self.logger.last_row
+        return row if row is not None and row["step"] == self.step else None
 
     def save(self) -> Path:
         return self.checkpoints.save(self.step, self.state_dict(), self.actor.save_checkpoint)
@@ -37,9 +44,8 @@ class CheckpointedRun:
         # older listing of the shared run dir and load another step, and each rank would
         # otherwise checksum every checkpoint file again.
         path = self.ranks.from_rank0(lambda: self._checkpoint_to_resume(config))
-        if path is not None:
-            self._load_checkpoint(path)
-        self.logger.resume_at(self.step if path is not None else -1)
+        row = self._load_checkpoint(path) if path is not None else None
+        self.logger.resume_at(self.step if path is not None else -1, row)
         if self.rank == 0:
             save_run_config(self.run_dir, config)
 
@@ -54,7 +60,8 @@ class CheckpointedRun:
             check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
         return path
 
-    def _load_checkpoint(self, path: Path) -> None:
+    def _load_checkpoint(self, path: Path) -> dict | None:
+        """Load checkpoint `path` into the trainer; returns the metrics row it carries."""
         loaded = self.checkpoints.load(path)
         try:
             self.actor.load_checkpoint(loaded.actor_dir)
@@ -79,3 +86,4 @@ class CheckpointedRun:
         self._push_schedule()
         if self.rank == 0:
             print(f"resumed from {path} at step {self.step}", flush=True)
+        return state.get("metrics_row")

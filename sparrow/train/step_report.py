@@ -30,6 +30,15 @@ def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ra
     }
 
 
+def throughput_metrics(tokens_per_rank: float, world: int, times: dict) -> dict:
+    """Generated tokens per second of all ranks, over the rollout phase and over the whole step."""
+    tokens = tokens_per_rank * world
+    return {
+        f"throughput/{phase}_tok_s": tokens / max(times[f"time/{phase}_s"], 1e-9)
+        for phase in ("rollout", "step")
+    }
+
+
 def format_step_line(step: int, total: int, m: dict) -> str:
     """reward, accuracy, lengths, loss, clip fractions, TIS stats, p5, KV ratio, time split."""
 

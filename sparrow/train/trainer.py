@@ -60,6 +60,7 @@ from sparrow.train.step_report import (
     format_plan,
     format_step_line,
     rollout_metrics,
+    throughput_metrics,
     update_metrics,
 )
 from sparrow.train.weight_guard import check_weights, next_nonfinite_streak
@@ -253,7 +254,7 @@ class GRPOTrainer(CheckpointedRun):
         metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | self._kv_read(rollout.batch)
         metrics |= update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
-        return metrics | times
+        return metrics | times | throughput_metrics(metrics["rollout/tokens"], self.world, times)
 
     # ---- the phases -------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ def test_report_draws_the_panels_that_have_data(tmp_path, capsys):
         assert f"{panel}.png" in names
     assert "acceptance_histogram.png" in names
     assert "eval_accuracy.png" not in names  # no data, no empty plot
+    assert "report.png" in names  # every panel on one page
     assert all((out / n).stat().st_size > 5000 for n in names)
     assert len(capsys.readouterr().out.splitlines()) == len(names)
 
@@ -43,18 +44,24 @@ def test_report_draws_the_panels_that_have_data(tmp_path, capsys):
 def test_report_without_metrics_is_a_clear_error(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert report.main([str(tmp_path)]) == 2
+    assert "no metrics rows" in capsys.readouterr().err
 
 
 def test_bin_series_are_labelled_by_their_positions(tmp_path):
+    from sparrow.cli.panel_drawing import _label
+    from sparrow.cli.report_runs import RunData, stored_bin_tokens
+
     _write_run(tmp_path / "run", 2, 0.9)
     stored = {"schedule": {"bin_tokens": 2048}}
     (tmp_path / "run" / "run_config.json").write_text(json.dumps(stored))
-    bins = report._bin_tokens(tmp_path / "run")
+    bins = stored_bin_tokens(tmp_path / "run")
     assert bins == 2048
-    assert report._series_label("accept/p5/bin0", bins) == "accept/p5 pos 0-2047"
-    assert report._series_label("schedule/budget_pages/bin3", bins) == (
-        "schedule/budget_pages pos 6144-8191"
-    )
-    assert report._series_label("reward/mean", bins) == "reward/mean"
-    assert report._bin_tokens(tmp_path) is None  # no stored config: keys as they are
-    assert report._series_label("accept/p5/bin1", None) == "accept/p5/bin1"
+    run = RunData("", [], bins)
+    assert _label(run, "accept/p5/bin0") == "accept/p5 pos 0-2047"
+    assert _label(run, "schedule/budget_pages/bin3") == "schedule/budget_pages pos 6144-8191"
+    assert _label(run, "reward/mean") == "reward/mean"
+    assert stored_bin_tokens(tmp_path) is None  # no stored config: bins by index
+    assert _label(RunData("", [], None), "accept/p5/bin1") == "accept/p5 bin 1"
+    assert _label(RunData("dense", [], None), "kv_read_ratio") == "dense kv_read_ratio"

@@ -42,7 +42,7 @@ def test_metrics_cut_back_to_the_resumed_step(tmp_path):
     # A kill tore the step-4 row; the next launch glued its step-3 row onto it and went on.
     lines += ['{"step": 4, "lo' + json.dumps({"step": 3, "loss": 0.3}), '{"step": 4, "loss": 0.4}']
     path.write_text("\n".join(lines) + '\n{"step": 5, "los')
-    kept = truncate_metrics(path, 2)
+    kept = truncate_metrics(path, 2).rows
     assert kept == [{"step": s, "loss": s / 10} for s in (0, 1, 2)]
     assert _rows(path) == kept
     truncate_metrics(path, -1)  # a fresh start in the same run dir

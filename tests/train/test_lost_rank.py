@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAUSE_AT = ROOT / "tests" / "reliability" / "pause_at.py"
+PAUSE_AT = ROOT / "tests" / "train" / "pause_at.py"
 TIMEOUT_MIN = 0.5
 COMMON = [
     "preset=tiny",

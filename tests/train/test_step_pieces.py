@@ -31,6 +31,16 @@ def test_phase_timer_phases_tile_the_step():
     assert metrics["time/step_s"] == metrics["time/rollout_s"] + metrics["time/update_s"]
 
 
+def test_throughput_is_all_ranks_tokens_over_phase_seconds():
+    from sparrow.train.step_report import throughput_metrics
+
+    times = {"time/rollout_s": 2.0, "time/step_s": 8.0}
+    assert throughput_metrics(100.0, 4, times) == {
+        "throughput/rollout_tok_s": 200.0,
+        "throughput/step_tok_s": 50.0,
+    }
+
+
 def test_one_rank_reductions_are_the_identity():
     ranks = Ranks(0, 1)
     assert ranks.sum(torch.tensor(3)) == 3.0 and ranks.mean(6.0, 4) == 1.5

@@ -1,7 +1,7 @@
 """SIGTERM / SIGINT to the real `sparrow-train` outside the step loop: one line, exit 128 +
 signal, nothing half-written (slow: a tiny run each).
 
-Inside the step loop a signal is deferred to the end of the step (tests/reliability/
+Inside the step loop a signal is deferred to the end of the step (tests/train/
 test_graceful_stop.py). Here the process is frozen by pause_at.py at start-up after the model
 load, in the step-0 evaluation, and in the final export between the weights and the tokenizer,
 and signalled there; it used to die with no line (rc -15), leaving a half-written `policy/`.
@@ -20,7 +20,7 @@ import pytest
 from sparrow.train.checkpoint import verify
 
 ROOT = Path(__file__).resolve().parents[2]
-PAUSE_AT = ROOT / "tests" / "reliability" / "pause_at.py"
+PAUSE_AT = ROOT / "tests" / "train" / "pause_at.py"
 _DIST = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 ENV = {k: v for k, v in os.environ.items() if k not in _DIST}
 ENV |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

@@ -37,7 +37,7 @@ def _closed_port() -> int:
 def _log_and_close(run_dir) -> dict:
     cfg = LoggerConfig(wandb=WandbConfig(mode="online", init_timeout_s=5.0))
     logger = MetricsLogger(cfg, run_dir, {"lr": 1e-5})
-    run = logger._wandb_run
+    run = logger._wandb.run
     assert run is not None and run.settings.mode == "offline"
     logger.log(1, {"loss/loss": 0.5})
     logger.close()

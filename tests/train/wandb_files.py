@@ -9,6 +9,7 @@ classes, so a test can check what a later `wandb sync` would upload.
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -63,6 +64,20 @@ def logged_steps(run_dir: Path) -> dict[int, dict]:
             if "_step" in items:
                 steps[int(items["_step"])] = items
     return steps
+
+
+def wait_until_written(run_dir: Path, timeout_s: float = 60.0) -> None:
+    """Wait until every offline run under run_dir/wandb holds its exit record and stops growing:
+    wandb's service may still be writing when finish() has returned (seen on the loaded VM)."""
+    deadline = time.monotonic() + timeout_s
+    for file in Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb"):
+        size = -1
+        while time.monotonic() < deadline:
+            done = any(r.HasField("exit") for r in records(file))
+            if done and file.stat().st_size == size:
+                break
+            size = file.stat().st_size
+            time.sleep(0.5)
 
 
 def _parse(payload: bytes):
