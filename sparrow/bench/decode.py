@@ -106,6 +106,8 @@ class RandomWeights:
                     p + "mlp.up_proj.weight": w(inter, h),
                     p + "mlp.down_proj.weight": w(h, inter),
                 })  # fmt: skip
+            if not getattr(config, "tie_word_embeddings", True):
+                self._state["lm_head.weight"] = w(config.vocab_size, h)
 
     def state_dict(self) -> dict:
         return self._state

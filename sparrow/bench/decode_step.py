@@ -28,6 +28,7 @@ a configuration did not run as asked (no timed step, or graphs asked for and not
 
 import argparse
 import json
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,11 +167,15 @@ def measure(bench: Bench, args, seqs: list[Sequence], bm: BlockManager, sparse: 
             ms, tokens = timer.time(step)
             times.append(ms)
             append(seqs, bm, tokens.tolist())
-        kernel_ms = timer.kernel_ms(lambda: steps(args.profile_steps), args.profile_steps)
+        # At least one kernel per layer, or the profiler missed the graph's kernels.
+        kernel_ms, events = timer.kernel_ms(
+            lambda: steps(args.profile_steps), args.profile_steps, bench.config.num_hidden_layers
+        )
         replayed = (runner.graphs.num_replayed - replayed) if runner.graphs is not None else 0
     result = summary(times)
     result |= {
         "kernel_ms": kernel_ms,
+        "device_events_per_step": events,
         "host_share": host_share(result["step_ms"], kernel_ms),
         "graph_replays": replayed,
         "context_tokens_at_end": max(s.num_tokens for s in seqs),
@@ -247,6 +252,7 @@ def problems(report: dict) -> list[str]:
                 found.append(f"{name}: the {arm} step was not timed")
             if row["graphs"] and r["graph_replays"] < report["iters"]:
                 found.append(f"{name}: the {arm} step did not replay a CUDA graph")
+    found += [f"batch {e['batch']}: {e['error']}" for e in report.get("errors", [])]
     asked = len(report["batches"]) * len(report["graphs"])
     if len(report["runs"]) != asked:
         found.append(f"{len(report['runs'])} of {asked} configurations ran")
@@ -307,8 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         f"decode step, {args.model} {args.dtype} on {report['device']}: context {args.context}, "
         f"budget {args.budget_tokens} tokens, {report['timer']}, median of {args.iters}"
     )
+    report["errors"] = []
     for batch in args.batches:
-        report["runs"] += run(bench, args, batch)
+        try:
+            report["runs"] += run(bench, args, batch)
+        except Exception as err:  # the next batch still runs: one GPU call, as much as it gives
+            tail = traceback.format_exc(limit=-3)
+            report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
+            print(f"batch {batch} failed: {tail}", flush=True)
         _write(args.json, report)  # what ran survives a later failure
     report["ratio"] = {
         f"batch {r['batch']}, graphs {'on' if r['graphs'] else 'off'}": r["ratio"]

@@ -39,21 +39,27 @@ class StepTimer:
         end.synchronize()
         return begin.elapsed_time(end), out
 
-    def kernel_ms(self, run_steps: Callable[[], None], num_steps: int) -> float | None:
-        """Mean GPU busy time (kernels and copies) per step while `run_steps()` runs `num_steps`
-        whole steps; None on a CPU or when the profiler saw no device activity."""
-        if not self.cuda:
-            return None
+    def kernel_ms(
+        self, run_steps: Callable[[], None], num_steps: int, min_events: int = 1
+    ) -> tuple[float | None, float]:
+        """(mean GPU busy time per step, device events per step) while `run_steps()` runs
+        `num_steps` whole steps: kernels and copies, from the profiler. The time is None on a
+        CPU, or when fewer than `min_events` device events per step were seen (a profiler that
+        does not trace the kernels inside a CUDA-graph replay)."""
+        if not self.cuda or num_steps < 1:
+            return None, 0.0
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             run_steps()
             torch.cuda.synchronize(self.device)
-        busy_us = sum(
-            e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA
-        )
-        return busy_us / 1e3 / num_steps if busy_us > 0 else None
+        device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        per_step = len(device) / num_steps
+        busy_us = sum(e.time_range.elapsed_us() for e in device)
+        if per_step < min_events or busy_us <= 0:
+            return None, per_step
+        return busy_us / 1e3 / num_steps, per_step
 
 
 def host_share(step_ms: float, kernel_ms: float | None) -> float | None:
