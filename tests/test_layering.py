@@ -201,10 +201,12 @@ def test_layering_check_sees_violations(tmp_path):
 
 
 # What a benchmark or the engine imports must work on a GPU image without the training-only
-# packages: reading a config, the rollout engine and the kernel/rollout benchmarks.
+# packages: reading a config, the rollout engine and the decode/kernel/rollout benchmarks.
 LIGHT_MODULES = [
     "sparrow.train.config",
     "sparrow.bench.cli",
+    "sparrow.bench.decode",
+    "sparrow.bench.decode_step",
     "sparrow.bench.kernel",
     "sparrow.bench.rollout",
     *sorted(f"sparrow.rollout.{p.stem}" for p in (PKG / "rollout").glob("*.py")),

@@ -1,7 +1,10 @@
 """Benchmarks run as `sparrow-bench <name>`: scripts that print a table and can write JSON.
 
 cli.py               the dispatcher (COMMANDS)
-actor.py             actor: share_prefix on vs off; peak RSS of an update vs the estimate
+device.py            the one device a bench builds on (CUDA when present), seeded there
+actor.py             actor: share_prefix on vs off; peak memory of an update vs the estimate
+decode_step.py       decode-step: one whole-model decode step, sparse vs dense (CUDA events)
+step_timer.py        the decode-step's timer: CUDA events or the wall clock, host share
 decode.py            decode: one decode step's launches, host syncs, page-table cost
 kernel.py            kernel: sparse vs dense decode of one layer (time, bytes); --aot
 kernel_aot.py        every Triton variant compiled ahead of time (regs, spills, smem)
@@ -10,5 +13,6 @@ prefix.py            prefix: generate with the shared prefix computed once vs no
 rollout.py           rollout: engine vs HF generate; sparse vs dense decode and p5
 step.py              step: one GRPO step with sparse and with dense rollouts
 distill_attention.py DistillSparse's training-time attention: memory and time
+cuda_splits.py       the split-KV count a GPU would choose, and its merge launch
 dispatch_counter.py  what torch code launches and where it syncs, without a GPU
 """

@@ -11,7 +11,9 @@ timed alternately; prints the median seconds off and on and their ratio.
 completion tokens each) on a tiny Qwen3 (hidden 256, 4 layers); MAX_TOKENS is the actor's token
 budget per micro-batch (0: the group whole). Prints the growth of the process's peak RSS over the
 update beside the plan line's activation estimate of its largest micro-batch
-(sparrow.rl.actor_memory); one setting per process, as ru_maxrss only grows.
+(sparrow.rl.actor_memory); one setting per process, as ru_maxrss only grows. On a GPU (the
+default device when there is one, `--device`) both run there, and `memory` reports the growth of
+CUDA's peak allocation instead.
 """
 
 import argparse
@@ -22,6 +24,8 @@ import time
 
 import torch
 
+from sparrow.bench.device import bench_device
+from sparrow.cli.errors import ArgumentParser, at_least
 from sparrow.models.loading import ModelConfig, load_model, tiny_model_config
 from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_config import ActorConfig
@@ -32,7 +36,7 @@ MEMORY_PROMPT, MEMORY_COMPLETION, MEMORY_VOCAB = 64, 1024, 300
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     result = _prefix(args) if args.what == "prefix" else _memory(args)
     print(json.dumps(result))
     return 0
@@ -49,9 +53,11 @@ def policy_gradient_loss(global_tokens: int):
     return loss_fn
 
 
-def grouped_batch(groups: int, group_size: int, prefix: int, prompt: int, completion: int, vocab):
+def grouped_batch(
+    groups: int, group_size: int, prefix: int, prompt: int, completion: int, vocab, device="cpu"
+):
     """`groups` GRPO groups of `group_size` rows: prompts of `prompt` tokens whose first `prefix`
-    are common to all groups, random completions of `completion` tokens."""
+    are common to all groups, random completions of `completion` tokens; on `device`."""
     gen = torch.Generator().manual_seed(0)
     common = torch.randint(1, vocab, (prefix,), generator=gen)
     own = torch.randint(1, vocab, (groups, prompt - prefix), generator=gen)  # (G, P - S)
@@ -61,7 +67,7 @@ def grouped_batch(groups: int, group_size: int, prefix: int, prompt: int, comple
     ids = torch.cat([prompts, completions], 1)  # (B, P + C)
     completion_mask = torch.zeros_like(ids, dtype=torch.bool)
     completion_mask[:, prompt:] = True
-    return {
+    batch = {
         "input_ids": ids,
         "attention_mask": torch.ones_like(ids, dtype=torch.bool),
         "completion_mask": completion_mask,
@@ -69,6 +75,7 @@ def grouped_batch(groups: int, group_size: int, prefix: int, prompt: int, comple
         "prompt_lens": torch.full((rows,), prompt),  # (B,)
         "group_ids": torch.arange(groups).repeat_interleave(group_size),  # (B,)
     }
+    return {k: v.to(device) for k, v in batch.items()}  # drawn on the CPU: one random stream
 
 
 def _prefix(args) -> dict:
@@ -81,9 +88,9 @@ def _prefix(args) -> dict:
             zero_stage=0, precision="fp32", lr=1e-5, micro_batch_size=args.micro_batch_size,
             share_prompts=True, share_prefix=share_prefix,
         )  # fmt: skip
-        actors[share_prefix] = DenseActor(load_model(ModelConfig(name)).model, cfg)
+        actors[share_prefix] = DenseActor(load_model(ModelConfig(name)).model.to(args.device), cfg)
     vocab = actors[True].model.config.vocab_size
-    batch = grouped_batch(GROUPS, GROUP_SIZE, PREFIX, PROMPT, COMPLETION, vocab)
+    batch = grouped_batch(GROUPS, GROUP_SIZE, PREFIX, PROMPT, COMPLETION, vocab, args.device)
     warmup = {k: v[:GROUP_SIZE] for k, v in batch.items()}  # first calls' one-off costs
     for actor in actors.values():
         _time_passes(actor, warmup)
@@ -112,25 +119,25 @@ def _time_passes(actor, batch: dict) -> tuple[float, float]:
 
 
 def _memory(args) -> dict:
-    from transformers import AutoModelForCausalLM
-
     from sparrow.rl.actor import DenseActor  # DeepSpeed: imported only when this runs
 
-    torch.manual_seed(0)
-    config = tiny_model_config(
-        "qwen3", vocab_size=MEMORY_VOCAB, hidden_size=256, intermediate_size=512, head_dim=64,
-        max_position_embeddings=2048,
-    )  # fmt: skip
+    model = memory_model(args.device)
+    config = model.config
     cfg = ActorConfig(
         zero_stage=0, precision="fp32", micro_batch_size=args.group, share_prompts=True,
         max_tokens_per_micro_batch=args.max_tokens, activation_checkpointing=args.checkpointing,
     )  # fmt: skip
-    actor = DenseActor(AutoModelForCausalLM.from_config(config).eval(), cfg)
-    batch = grouped_batch(1, args.group, 0, MEMORY_PROMPT, MEMORY_COMPLETION, MEMORY_VOCAB)
+    actor = DenseActor(model, cfg)
+    batch = grouped_batch(
+        1, args.group, 0, MEMORY_PROMPT, MEMORY_COMPLETION, MEMORY_VOCAB, args.device
+    )
     micro_batches = actor.micro_batches(batch)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cuda = args.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(args.device)
+    before = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
     actor.train_step(micro_batches, policy_gradient_loss(int(batch["completion_mask"].sum())))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
     rows = max(len(mb["input_ids"]) for mb in micro_batches)
     estimate = micro_batch_activation_bytes(
         ModelShape.from_hf_config(config),
@@ -144,20 +151,43 @@ def _memory(args) -> dict:
         "max_tokens_per_micro_batch": args.max_tokens,
         "checkpointing": args.checkpointing,
         "micro_batch_rows": [len(mb["input_ids"]) for mb in micro_batches],
-        "peak_rss_growth_mib": round((peak - before) / 1024, 1),
+        ("peak_cuda_growth_mib" if cuda else "peak_rss_growth_mib"): round(
+            (peak - before) / 2**20, 1
+        ),
         "estimate_mib": round(estimate / 2**20, 1),
     }
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sparrow-bench actor", description=__doc__.split("\n\n")[0])
+def memory_model(device) -> torch.nn.Module:
+    """The `memory` measurement's tiny Qwen3 (hidden 256, 4 layers), seeded, on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = tiny_model_config(
+        "qwen3", vocab_size=MEMORY_VOCAB, hidden_size=256, intermediate_size=512, head_dim=64,
+        max_position_embeddings=2048,
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval().to(device)
+
+
+def _max_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = ArgumentParser(prog="sparrow-bench actor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
     sub = p.add_subparsers(dest="what", required=True)
     prefix = sub.add_parser("prefix", help="share_prefix on vs off: log-prob pass and update")
-    prefix.add_argument("--repeats", type=int, default=3)
-    prefix.add_argument("--micro-batch-size", type=int, default=16)  # conf/actor/cpu.yaml
+    prefix.add_argument("--repeats", type=at_least(1), default=3)
+    prefix.add_argument("--micro-batch-size", type=at_least(1), default=16)  # conf/actor/cpu.yaml
     prefix.add_argument("--tiny", action="store_true", help="a tiny random Qwen3, not SmolLM2")
-    memory = sub.add_parser("memory", help="peak RSS of one update vs the activation estimate")
-    memory.add_argument("group", type=int, help="rows of the one GRPO group")
-    memory.add_argument("max_tokens", type=int, help="actor token budget per micro-batch; 0: off")
+    memory = sub.add_parser("memory", help="peak memory of one update vs the activation estimate")
+    memory.add_argument("group", type=at_least(1), help="rows of the one GRPO group")
+    memory.add_argument(
+        "max_tokens", type=at_least(0), help="actor token budget per micro-batch; 0: off"
+    )
     memory.add_argument("--checkpointing", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device) if args.device else bench_device()
+    return args

@@ -1,11 +1,15 @@
 """`sparrow-bench <name> [args]`: dispatch to a benchmark module's `main(argv)`.
 
-    sparrow-bench actor [--help]     the dense actor: share_prefix on vs off, peak RSS of an update
-    sparrow-bench decode [--help]    one decode step: launches per layer, host syncs, page table
-    sparrow-bench kernel [--help]    paged sparse vs dense decode: time, bytes, HBM fraction
-    sparrow-bench prefix [--help]    generate on few-shot prompts, shared prefix on vs off
-    sparrow-bench rollout [--help]   engine vs HF generate; sparse vs dense decode and p5
-    sparrow-bench step [--help]      one GRPO step, sparse vs dense rollouts: phases, speedups
+    sparrow-bench actor [--help]              the dense actor: share_prefix on vs off, update RSS
+    sparrow-bench decode-step [--help]        whole-model decode step, sparse vs dense: time
+    sparrow-bench decode [--help]             one decode step's launches, syncs, page table
+    sparrow-bench distill-attention [--help]  DistillSparse's sparse attention: memory, time
+    sparrow-bench kernel [--help]             paged sparse vs dense decode: time, bytes, HBM
+    sparrow-bench prefix [--help]             few-shot prompts, shared prefix on vs off
+    sparrow-bench rollout [--help]            engine vs HF generate; sparse vs dense decode, p5
+    sparrow-bench step [--help]               one GRPO step, sparse vs dense rollouts: phases
+
+Every subcommand builds on the device it finds (CUDA when present, else the CPU; `--device`).
 
 Modules are imported only when chosen, so one benchmark's heavy imports never slow another.
 Bad input ends with one line and exit code 2 (sparrow.cli.errors).
@@ -18,7 +22,9 @@ from sparrow.cli.errors import run_main
 
 COMMANDS = {
     "actor": "sparrow.bench.actor",  # the dense actor: share_prefix on vs off, RSS of an update
+    "decode-step": "sparrow.bench.decode_step",  # whole-model decode step, sparse vs dense: time
     "decode": "sparrow.bench.decode",  # one decode step: launches per layer, host syncs, page table
+    "distill-attention": "sparrow.bench.distill_attention",  # DistillSparse attention: memory, time
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
     "prefix": "sparrow.bench.prefix",  # generate on few-shot prompts, shared prefix on vs off
     "rollout": "sparrow.bench.rollout",  # engine vs HF generate; sparse vs dense decode + p5

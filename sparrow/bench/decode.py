@@ -20,18 +20,26 @@ sequence in 16) against rebuilding the padded table from Python lists as the run
 timed in the same process. CPU wall time: the machine is shared, ratios are what to read.
 """
 
+import argparse
 import json
-import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():  # before anything imports triton: the interpreter on CPU
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from sparrow.bench.device import bench_device, interpret_triton_without_cuda, seeded, synchronize
+
+interpret_triton_without_cuda()  # before anything imports triton
 
 import transformers  # noqa: E402
 
+from sparrow.bench.cuda_splits import (  # noqa: E402
+    gpu_splits,
+    merge_below_batch,
+    num_sms,
+    split_kernel_occupancy,
+)
 from sparrow.bench.dispatch_counter import DispatchCounter, count_triton_launches  # noqa: E402
 from sparrow.cli.errors import ArgumentParser, at_least  # noqa: E402
 from sparrow.models.shape import ModelShape  # noqa: E402
@@ -62,39 +70,47 @@ def qwen3_1p7b_shaped(hidden: int = 64, vocab: int = 256, layers: int = 28):
 
 class RandomWeights:
     """What ModelRunner reads from an HF model (config, state_dict, parameters), with random
-    HF-named weights: building the HF module of a 28-layer model costs ~30 s of init on 2 cores."""
+    HF-named weights made on `device`: building the HF module of a 28-layer model costs ~30 s of
+    init on 2 cores."""
 
-    def __init__(self, config, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self,
+        config,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):
         self.config = config
-        gen = torch.Generator().manual_seed(seed)
+        device = torch.device(device)
         s = ModelShape.from_hf_config(config)
         h, d, inter = s.hidden_size, s.head_dim, s.intermediate_size
         q, kv = s.num_q_heads * d, s.kv_dim
 
         def w(*shape, scale=0.02):
-            return torch.randn(shape, generator=gen) * scale
+            return torch.randn(shape, device=device, dtype=dtype).mul_(scale)
 
-        self._state = {
-            "model.embed_tokens.weight": w(s.vocab_size, h),
-            "model.norm.weight": 1 + w(h),
-        }
-        for i in range(s.num_layers):
-            p = f"model.layers.{i}."
-            self._state.update({
-                p + "input_layernorm.weight": 1 + w(h),
-                p + "post_attention_layernorm.weight": 1 + w(h),
-                p + "self_attn.q_proj.weight": w(q, h, scale=h**-0.5),
-                p + "self_attn.k_proj.weight": w(kv, h, scale=h**-0.5),
-                p + "self_attn.v_proj.weight": w(kv, h, scale=h**-0.5),
-                p + "self_attn.o_proj.weight": w(h, q),
-                p + "self_attn.q_norm.weight": 1 + w(d),
-                p + "self_attn.k_norm.weight": 1 + w(d),
-                p + "mlp.gate_proj.weight": w(inter, h),
-                p + "mlp.up_proj.weight": w(inter, h),
-                p + "mlp.down_proj.weight": w(h, inter),
-            })  # fmt: skip
-
-        self._state = {k: v.to(device) for k, v in self._state.items()}
+        with seeded(device, seed):
+            self._state = {
+                "model.embed_tokens.weight": w(s.vocab_size, h),
+                "model.norm.weight": 1 + w(h),
+            }
+            for i in range(s.num_layers):
+                p = f"model.layers.{i}."
+                self._state.update({
+                    p + "input_layernorm.weight": 1 + w(h),
+                    p + "post_attention_layernorm.weight": 1 + w(h),
+                    p + "self_attn.q_proj.weight": w(q, h, scale=h**-0.5),
+                    p + "self_attn.k_proj.weight": w(kv, h, scale=h**-0.5),
+                    p + "self_attn.v_proj.weight": w(kv, h, scale=h**-0.5),
+                    p + "self_attn.o_proj.weight": w(h, q),
+                    p + "self_attn.q_norm.weight": 1 + w(d),
+                    p + "self_attn.k_norm.weight": 1 + w(d),
+                    p + "mlp.gate_proj.weight": w(inter, h),
+                    p + "mlp.up_proj.weight": w(inter, h),
+                    p + "mlp.down_proj.weight": w(h, inter),
+                })  # fmt: skip
+            if not getattr(config, "tie_word_embeddings", True):
+                self._state["lm_head.weight"] = w(s.vocab_size, h)
 
     def state_dict(self) -> dict:
         return self._state
@@ -113,23 +129,47 @@ def prefilled_runner(
     seed: int = 0,
     weights: RandomWeights | None = None,
     cuda_graphs: bool = False,
+    device: torch.device | str | None = None,
 ) -> tuple[ModelRunner, list[Sequence], BlockManager]:
     """A runner over a random model (`weights`, else new ones for `config`) with one sequence per
-    prompt length, prefilled (summaries kept current) and ready for its first decode step."""
-    model = weights or RandomWeights(config, seed)
+    prompt length, prefilled (summaries kept current) and ready for its first decode step. On
+    `device` (default: the weights', else `bench_device()`)."""
+    runner, seqs, bm = runner_with_prompts(
+        config, dtype, backend, prompt_lens, page_size=page_size, seed=seed, weights=weights,
+        cuda_graphs=cuda_graphs, device=device,
+    )  # fmt: skip
+    advance(seqs, bm, runner.prefill([[s] for s in seqs], update_summaries=True))
+    return runner, seqs, bm
+
+
+def runner_with_prompts(
+    config,
+    dtype: torch.dtype,
+    backend: str,
+    prompt_lens: list[int],
+    *,
+    page_size: int = 16,
+    seed: int = 0,
+    weights: RandomWeights | None = None,
+    cuda_graphs: bool = False,
+    device: torch.device | str | None = None,
+) -> tuple[ModelRunner, list[Sequence], BlockManager]:
+    """`prefilled_runner` before its prefill: the runner, and the sequences with their pages."""
+    if device is None:
+        device = next(weights.parameters()).device if weights is not None else bench_device()
+    model = weights or RandomWeights(config, seed, device)
     num_pages = sum(-(-(n + 64) // page_size) for n in prompt_lens)
     attn = SparseAttentionConfig(page_size=page_size, backend=backend)
     linear = Linear("torch", batch_hint=1)
     graphs = {"cuda_graphs": True} if cuda_graphs else {}  # (runs against older runners too)
     runner = ModelRunner(model, attn, num_pages, dtype, linear, **graphs)
     bm = BlockManager(num_pages, page_size)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # host token ids
     seqs = []
     for i, n in enumerate(prompt_lens):
         seq = Sequence(i, i, torch.randint(3, config.vocab_size, (n,), generator=gen).tolist(), 64)
         bm.allocate_prefill([seq])
         seqs.append(seq)
-    advance(seqs, bm, runner.prefill([[s] for s in seqs], update_summaries=True))
     return runner, seqs, bm
 
 
@@ -192,17 +232,23 @@ def count_step(runner: ModelRunner, seqs, budgets) -> dict:
 
 def _kernel_modules() -> list:
     """The loaded sparrow.kernels modules: their Triton kernels are counted."""
-    import sys
-
     return [m for n, m in list(sys.modules.items()) if n.startswith("sparrow.kernels.") and m]
 
 
-def page_table_costs(num_seqs: int, num_pages: int, steps: int = 32, page_size: int = 16) -> dict:
-    """ms per step: the plan's incremental update vs the old rebuild from lists, same process."""
+def page_table_costs(
+    num_seqs: int,
+    num_pages: int,
+    steps: int = 32,
+    page_size: int = 16,
+    device: torch.device | str = "cpu",
+) -> dict:
+    """ms per step: the plan's incremental update vs the old rebuild from lists (with its copy to
+    `device`), same process; on CUDA each timing waits for the copies it queued."""
     from sparrow.rollout.decode_plan import DecodePlan
 
+    device = torch.device(device)
     pool = num_seqs * (num_pages + steps)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # host page ids
     order = torch.randperm(pool, generator=gen).tolist()
     seqs = []
     for i in range(num_seqs):
@@ -215,7 +261,7 @@ def page_table_costs(num_seqs: int, num_pages: int, steps: int = 32, page_size: 
     spare = iter(order[num_seqs * num_pages :])
     plan = DecodePlan(
         page_size=page_size, num_sink=1, num_recent=2, scratch_page=pool,
-        device=torch.device("cpu"), slots=num_seqs,
+        device=device, slots=num_seqs,
     )  # fmt: skip
     plan.update(seqs, None)  # the first step writes every row once
     update_s = rebuild_s = 0.0
@@ -225,14 +271,18 @@ def page_table_costs(num_seqs: int, num_pages: int, steps: int = 32, page_size: 
             seq.completion_ids.append(7)
             if len(seq.page_table) < -(-seq.num_tokens // page_size):
                 seq.page_table.append(next(spare))
+        synchronize(device)
         start = time.perf_counter()
         step = plan.update(seqs, None)
+        synchronize(device)
         update_s += time.perf_counter() - start
         entries += plan.last_update_entries
         start = time.perf_counter()
-        old = _rebuild_page_table(seqs, page_size)
+        old = _rebuild_page_table(seqs, page_size).to(device)
+        synchronize(device)
         rebuild_s += time.perf_counter() - start
-        used = torch.arange(old.shape[1]) < torch.tensor([len(s.page_table) for s in seqs])[:, None]
+        lens = torch.tensor([len(s.page_table) for s in seqs], device=device)
+        used = torch.arange(old.shape[1], device=device) < lens[:, None]
         got = step.page_table[:, : old.shape[1]]
         assert torch.equal(got[used], old[used]), "the plan's page table differs from the rebuild"
     return {
@@ -243,11 +293,12 @@ def page_table_costs(num_seqs: int, num_pages: int, steps: int = 32, page_size: 
 
 
 def _rebuild_page_table(seqs: list[Sequence], page_size: int) -> torch.Tensor:
-    """The runner's per-step metadata before the plan (commit 743a922), for comparison."""
+    """The runner's per-step metadata before the plan (commit 743a922), for comparison: built
+    on the host (the caller copies it to the device, as that runner did)."""
     max_pages = max(len(s.page_table) for s in seqs)
     table = [s.page_table + [0] * (max_pages - len(s.page_table)) for s in seqs]
-    page_table = torch.tensor(table, dtype=torch.int32)  # (B, max_pages)
-    seq_lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int64)  # (B,)
+    page_table = torch.tensor(table, dtype=torch.int32, device="cpu")  # (B, max_pages)
+    seq_lens = torch.tensor([s.num_tokens for s in seqs], dtype=torch.int64, device="cpu")  # (B,)
     positions = seq_lens - 1
     page_table.gather(1, (positions // page_size)[:, None])
     return page_table
@@ -255,11 +306,12 @@ def _rebuild_page_table(seqs: list[Sequence], page_size: int) -> torch.Tensor:
 
 def run_config(args, dtype_name: str, backend: str) -> dict:
     dtype = getattr(torch, dtype_name)
+    interpreted = backend == "triton" and args.device.type != "cuda"
     # The Triton interpreter takes ~2 s per layer and step at these head shapes: fewer layers.
-    layers = args.triton_layers if backend == "triton" else 28
+    layers = args.triton_layers if interpreted else 28
     config = qwen3_1p7b_shaped(args.hidden, args.vocab, layers)
-    lens = args.triton_lens if backend == "triton" else args.lens
-    runner, seqs, bm = prefilled_runner(config, dtype, backend, lens)
+    lens = args.triton_lens if interpreted else args.lens
+    runner, seqs, bm = prefilled_runner(config, dtype, backend, lens, device=args.device)
     budgets = [args.budget] * len(seqs)
     # A warm step (the dense layers' copies), then one counted step each.
     advance(seqs, bm, runner.decode(seqs, budgets, update_summaries=True))
@@ -268,12 +320,81 @@ def run_config(args, dtype_name: str, backend: str) -> dict:
     advance(seqs, bm, runner.decode(seqs, None, update_summaries=True))  # warm the dense path
     dense = count_step(runner, seqs, None)
     dense.pop("logits")
-    return {"sparse_step": sparse, "dense_step": dense}
+    columns = max(len(s.page_table) for s in seqs)  # the counted dense step's page table width
+    shape = {"batch": len(seqs), "layers": layers, "prompt_lens": lens, "page_columns": columns}
+    return {"shape": shape, "sparse_step": sparse, "dense_step": dense}
+
+
+# The headline shape of `sparrow-bench decode-step` (Qwen3-1.7B, 32K context, 2K-token budget).
+HEADLINE = {"context_pages": 32768 // 16, "budget_pages": 128, "batches": (16, 64)}
+
+
+def cuda_launches(args, report: dict) -> dict:
+    """Launches per layer a GPU makes for the bf16 Triton step counted here, and at the headline
+    shape: the counted figures plus the merge launch of every attention call that splits
+    (cuda_splits.py). Counted on CUDA, the merges are in the count already."""
+    run = report["runs"].get("triton/bfloat16") or next(
+        r for k, r in report["runs"].items() if k.startswith("triton/")
+    )
+    occupancy = split_kernel_occupancy(torch.bfloat16, group=2, head_dim=128, page_size=16)
+    if occupancy is None:
+        return {"error": "this Triton cannot compile the split kernel for sm_90"}
+    sms = num_sms()
+    counted_on_cuda = args.device.type == "cuda"
+    shape = run["shape"]
+    shapes = [("this bench's Triton step", shape["batch"], shape["page_columns"], args.budget)]
+    shapes += [
+        ("32K context, 2K-token budget", b, HEADLINE["context_pages"], HEADLINE["budget_pages"])
+        for b in HEADLINE["batches"]
+    ]
+    rows = []
+    for name, batch, pages, budget in shapes:
+        dense = gpu_splits(batch, 8, pages, occupancy["dense"], sms)
+        sparse = gpu_splits(batch, 8, min(budget, pages), occupancy["sparse"], sms)
+        extra_sparse = 0 if counted_on_cuda else int(sparse > 1)
+        extra_dense = 0 if counted_on_cuda else int(dense > 1)
+        rows.append({
+            "shape": name, "batch": batch, "pages": pages, "budget_pages": budget,
+            "splits_dense": dense, "splits_sparse": sparse,
+            "launches_per_layer_sparse": run["sparse_step"]["per_layer_sparse"] + extra_sparse,
+            "launches_per_layer_dense": run["dense_step"]["per_layer_dense"] + extra_dense,
+        })  # fmt: skip
+    return {
+        "num_sms": sms,
+        "counted_on": "cuda" if counted_on_cuda else "interpreter (no splits)",
+        "occupancy_sm90": occupancy,
+        "merge_below_batch": merge_below_batch(8, occupancy["sparse"], sms),
+        "shapes": rows,
+    }
+
+
+def print_cuda_launches(cuda: dict) -> None:
+    if "error" in cuda:
+        print(f"GPU split count: {cuda['error']}")
+        return
+    occ = cuda["occupancy_sm90"]["sparse"]
+    print(
+        f"on a GPU ({cuda['num_sms']} SMs, split kernel {occ['regs']} registers -> "
+        f"{occ['ctas_per_sm']} CTAs/SM): rows split and a merge launches below batch "
+        f"{cuda['merge_below_batch']} (8 KV heads)"
+    )
+    for r in cuda["shapes"]:
+        print(
+            f"  {r['shape']}, batch {r['batch']}: splits dense {r['splits_dense']} sparse "
+            f"{r['splits_sparse']} -> launches/layer sparse {r['launches_per_layer_sparse']:.0f} "
+            f"dense {r['launches_per_layer_dense']:.0f}"
+        )
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    report = {"config": vars(args), "runs": {}}
+    args = parse_args(argv)
+    report = {"config": {k: str(v) if k == "device" else v for k, v in vars(args).items()}}
+    report["device"] = _device_name(args.device)
+    report["runs"] = {}
     for backend in args.backends:
         for dtype in args.dtypes:
             key = f"{backend}/{dtype}"
@@ -285,16 +406,21 @@ def main(argv: list[str] | None = None) -> int:
                 f"layers {s['syncs_in_layers']} (step {s['syncs_total']}: {s['sync_ops']})"
             )
     if args.pt_seqs > 0:
-        report.update(page_table_costs(args.pt_seqs, args.pt_pages))
+        report.update(page_table_costs(args.pt_seqs, args.pt_pages, device=args.device))
     main_run = report["runs"][f"{args.backends[-1]}/{args.dtypes[-1]}"]
     report["launches_per_layer_sparse"] = main_run["sparse_step"]["per_layer_sparse"]
     report["launches_per_layer_dense"] = main_run["dense_step"]["per_layer_dense"]
     report["host_syncs_per_step"] = max(
-        r[k]["syncs_in_layers"] for r in report["runs"].values() for k in r
+        r[k]["syncs_in_layers"]
+        for r in report["runs"].values()
+        for k in ("sparse_step", "dense_step")
     )
     report["host_syncs_per_step_whole_call"] = max(
-        r[k]["syncs_total"] for r in report["runs"].values() for k in r
+        r[k]["syncs_total"] for r in report["runs"].values() for k in ("sparse_step", "dense_step")
     )
+    if "triton" in args.backends:
+        report["cuda"] = cuda_launches(args, report)
+        print_cuda_launches(report["cuda"])
     if args.pt_seqs > 0:
         print(
             f"page table at {args.pt_seqs} x {args.pt_pages}: update "
@@ -308,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _parse(argv):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(prog="sparrow-bench decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
     p.add_argument("--backends", nargs="+", default=["torch", "triton"])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument(
@@ -317,8 +444,12 @@ def _parse(argv):
     )
     p.add_argument("--vocab", type=at_least(1), default=256)
     p.add_argument("--lens", type=at_least(1), nargs="+", default=[150, 90, 40, 33])
-    p.add_argument("--triton-lens", type=at_least(1), nargs="+", default=[70])
-    p.add_argument("--triton-layers", type=at_least(1), default=3, help="layers of the Triton runs")
+    p.add_argument(
+        "--triton-lens", type=at_least(1), nargs="+", default=[70], help="interpreter runs"
+    )
+    p.add_argument(
+        "--triton-layers", type=at_least(1), default=3, help="layers of interpreter runs"
+    )
     p.add_argument("--budget", type=at_least(1), default=4, help="pages per sparse layer")
     p.add_argument(
         "--pt-seqs", type=at_least(0), default=256, help="page-table timing: sequences, 0: skip"
@@ -327,4 +458,6 @@ def _parse(argv):
         "--pt-pages", type=at_least(1), default=2048, help="page-table timing: pages each"
     )
     p.add_argument("--json", default=None, help="write the results as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device) if args.device else bench_device()
+    return args

@@ -1,17 +1,19 @@
 """DistillSparse's training-time sparse attention: peak memory and time of one adapter update,
 page-gathering path (the training path) against the masked O(T^2) reference.
 
-    python -m sparrow.bench.distill_attention --json runs/distill_attention.json
-    python -m sparrow.bench.distill_attention --lengths 2048 4096 --repeats 5 --time-length 4096
+    sparrow-bench distill-attention --json runs/distill_attention.json
+    sparrow-bench distill-attention --lengths 2048 4096 --repeats 5 --time-length 4096
 
 The model is the tiny random Llama of the tests (4 layers, layers 0-1 dense, 4 query / 2 KV
 heads of 16 dims, LoRA rank 16 on every linear layer); one rollout row of T tokens: a 64-token
 prompt and T - 64 completion tokens, every one decoded with the same budget (--budget-tokens,
 pages of 16). One measurement is one `DistillSparse.step` (sparse forward, backward, AdamW).
 
-Memory: each (path, T) runs in its own subprocess, which reports its peak RSS
-(`resource.getrusage().ru_maxrss`) after building the model and batch, and again after the
-update; `step_mib` is the difference, the update's own high-water mark above the idle process.
+Memory: each (path, T) runs in its own subprocess, which reports its peak memory after building
+the model and batch, and again after the update; `step_mib` is the difference, the update's own
+high-water mark above the idle process. On a CPU that is the peak RSS
+(`resource.getrusage().ru_maxrss`); on CUDA (where everything is built, `--device`) the peak of
+allocated GPU memory.
 Time: both paths in one process at --time-length, alternating, --repeats runs each after one
 warm-up each; medians in seconds. Prints a table and writes JSON.
 """
@@ -27,13 +29,16 @@ from pathlib import Path
 
 import torch
 
+from sparrow.bench.device import bench_device, synchronize
+
 PATHS = ("gather", "masked")
 PROMPT_TOKENS = 64
 PAGE_SIZE = 16
 
 
-def _build(seq_len: int, budget_tokens: int, seed: int = 0):
-    """(DistillSparse, RolloutBatch, dense log-probs, advantages) for one row of seq_len tokens."""
+def _build(seq_len: int, budget_tokens: int, device: torch.device, seed: int = 0):
+    """(DistillSparse, RolloutBatch, dense log-probs, advantages) for one row of seq_len tokens,
+    on `device`."""
     import transformers
 
     from sparrow.distill import DistillConfig, DistillSparse
@@ -44,25 +49,27 @@ def _build(seq_len: int, budget_tokens: int, seed: int = 0):
     torch.manual_seed(seed)
     config = tiny_model_config("llama")
     config.max_position_embeddings = max(seq_len, config.max_position_embeddings)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.device(device):  # parameters made where they are used
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
     attn = SparseAttentionConfig(page_size=PAGE_SIZE)
     cfg = DistillConfig(enabled=True, micro_batch_size=1)
     distill = DistillSparse(cfg, model, attn, actor_lr=1e-4)
-    ids = torch.randint(3, config.vocab_size, (1, seq_len))  # (1, T)
-    completion = torch.arange(seq_len)[None] >= PROMPT_TOKENS  # (1, T)
-    pages = (torch.arange(seq_len) + PAGE_SIZE - 1) // PAGE_SIZE  # context of token t, pages
+    ids = torch.randint(3, config.vocab_size, (1, seq_len), device=device)  # (1, T)
+    positions = torch.arange(seq_len, device=device)  # (T,)
+    completion = positions[None] >= PROMPT_TOKENS  # (1, T)
+    pages = (positions + PAGE_SIZE - 1) // PAGE_SIZE  # context of token t, pages
     budget = torch.clamp(pages, max=budget_tokens // PAGE_SIZE)[None]  # (1, T)
-    zeros = torch.zeros(1, seq_len)
+    zeros = torch.zeros(1, seq_len, device=device)
     batch = RolloutBatch(
         input_ids=ids,
-        attention_mask=torch.ones(1, seq_len, dtype=torch.bool),
+        attention_mask=torch.ones(1, seq_len, dtype=torch.bool, device=device),
         completion_mask=completion,
-        prompt_lens=torch.tensor([PROMPT_TOKENS]),
+        prompt_lens=torch.tensor([PROMPT_TOKENS], device=device),
         sampled_logprobs=zeros,
-        topk_ids=torch.zeros(1, seq_len, 1, dtype=torch.long),
-        topk_logprobs=torch.zeros(1, seq_len, 1),
+        topk_ids=torch.zeros(1, seq_len, 1, dtype=torch.long, device=device),
+        topk_logprobs=torch.zeros(1, seq_len, 1, device=device),
         budget_pages=torch.where(completion, budget, 0).int(),
-        group_ids=torch.zeros(1, dtype=torch.long),
+        group_ids=torch.zeros(1, dtype=torch.long, device=device),
         finish_reasons=["length"],
     )
     dense_logprobs = torch.where(completion, -2.0, 0.0)  # (1, T) any fixed target
@@ -78,19 +85,23 @@ def _use(distill, path: str) -> None:
     distill.policy.model.set_attn_implementation(name)
 
 
-def _peak_mib() -> float:
+def _peak_mib(device: torch.device) -> float:
+    """The peak of allocated GPU memory on CUDA, else of the process's RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def measure_memory(path: str, seq_len: int, budget_tokens: int) -> dict:
-    """In this (fresh) process: peak RSS before and after one update on `path`."""
-    distill, batch, dense, adv = _build(seq_len, budget_tokens)
+def measure_memory(path: str, seq_len: int, budget_tokens: int, device: torch.device) -> dict:
+    """In this (fresh) process: peak memory before and after one update on `path`."""
+    distill, batch, dense, adv = _build(seq_len, budget_tokens, device)
     _use(distill, path)
-    idle = _peak_mib()
+    idle = _peak_mib(device)
     start = time.perf_counter()
     distill.step(batch, dense, adv, temperature=1.0)
+    synchronize(device)
     seconds = time.perf_counter() - start
-    peak = _peak_mib()
+    peak = _peak_mib(device)
     return {
         "path": path,
         "seq_len": seq_len,
@@ -102,9 +113,11 @@ def measure_memory(path: str, seq_len: int, budget_tokens: int) -> dict:
     }
 
 
-def _memory_in_subprocess(path: str, seq_len: int, budget_tokens: int, timeout: float) -> dict:
+def _memory_in_subprocess(
+    path: str, seq_len: int, budget_tokens: int, device: torch.device, timeout: float
+) -> dict:
     cmd = [sys.executable, "-m", "sparrow.bench.distill_attention", "--child", path, str(seq_len)]
-    cmd += ["--budget-tokens", str(budget_tokens)]
+    cmd += ["--budget-tokens", str(budget_tokens), "--device", str(device)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
@@ -112,15 +125,17 @@ def _memory_in_subprocess(path: str, seq_len: int, budget_tokens: int, timeout: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_time(seq_len: int, budget_tokens: int, repeats: int) -> dict:
+def measure_time(seq_len: int, budget_tokens: int, repeats: int, device: torch.device) -> dict:
     """Both paths on one model, alternating: median seconds of one update each."""
-    distill, batch, dense, adv = _build(seq_len, budget_tokens)
+    distill, batch, dense, adv = _build(seq_len, budget_tokens, device)
     seconds = {path: [] for path in PATHS}
     for run in range(repeats + 1):  # run 0 warms up both
         for path in PATHS:
             _use(distill, path)
+            synchronize(device)
             start = time.perf_counter()
             distill.step(batch, dense, adv, temperature=1.0)
+            synchronize(device)
             if run > 0:
                 seconds[path].append(time.perf_counter() - start)
     medians = {path: statistics.median(s) for path, s in seconds.items()}
@@ -135,7 +150,10 @@ def measure_time(seq_len: int, budget_tokens: int, repeats: int) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="sparrow-bench distill-attention", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     p.add_argument("--budget-tokens", type=int, default=512)
     p.add_argument("--masked-max-length", type=int, default=8192, help="skip masked beyond this")
@@ -144,24 +162,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per memory subprocess")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", nargs=2, metavar=("PATH", "T"), help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device) if args.device else bench_device()
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         path, seq_len = args.child
-        print(json.dumps(measure_memory(path, int(seq_len), args.budget_tokens)))
+        print(json.dumps(measure_memory(path, int(seq_len), args.budget_tokens, args.device)))
         return 0
     memory = []
-    print(f"peak RSS of one DistillSparse update, budget {args.budget_tokens} tokens (MiB)")
+    what = "allocated GPU memory" if args.device.type == "cuda" else "RSS"
+    print(f"peak {what} of one DistillSparse update, budget {args.budget_tokens} tokens (MiB)")
     print(f"{'path':>7} {'T':>6} {'idle':>8} {'peak':>8} {'step':>8} {'time_s':>7}")
     for seq_len in args.lengths:
         for path in PATHS:
             if path == "masked" and seq_len > args.masked_max_length:
                 row = {"path": path, "seq_len": seq_len, "error": "skipped (--masked-max-length)"}
             else:
-                row = _memory_in_subprocess(path, seq_len, args.budget_tokens, args.timeout)
+                row = _memory_in_subprocess(
+                    path, seq_len, args.budget_tokens, args.device, args.timeout
+                )
             memory.append(row)
             if "error" in row:
                 print(f"{path:>7} {seq_len:>6} {row['error']}")
@@ -170,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{path:>7} {seq_len:>6} {row['idle_mib']:>8.0f} {row['peak_mib']:>8.0f} "
                     f"{row['step_mib']:>8.0f} {row['step_s']:>7.2f}"
                 )
-    result = {"memory": memory, "time": None}
+    result = {"device": str(args.device), "memory": memory, "time": None}
     if args.time_length:
-        timing = measure_time(args.time_length, args.budget_tokens, args.repeats)
+        timing = measure_time(args.time_length, args.budget_tokens, args.repeats, args.device)
         result["time"] = timing
         print(f"time of one update at T = {args.time_length}, medians of {args.repeats} (s):")
         for path in PATHS:

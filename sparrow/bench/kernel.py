@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from sparrow.bench.device import bench_device, seeded
 from sparrow.bench.kernel_configs import DTYPES, SWEEP, default_shape
 from sparrow.cli.errors import ArgumentParser, at_least
 from sparrow.kernels import (
@@ -44,9 +45,8 @@ PEAK_TBPS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # vendor HBM bandwidth by 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    cuda = torch.cuda.is_available()
     p = ArgumentParser(prog="sparrow-bench kernel", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if cuda else "cpu")
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--contexts", type=at_least(1), nargs="+", default=None, help="context tokens")
     p.add_argument("--budgets", type=at_least(1), nargs="+", default=None, help="budget tokens")
@@ -63,7 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--aot", action="store_true", help="compile every Triton variant for sm_90")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = p.parse_args(argv)
-    gpu = args.device.startswith("cuda")
+    args.device = torch.device(args.device) if args.device else bench_device()
+    gpu = args.device.type == "cuda"
     defaults = default_shape(gpu)
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -81,14 +82,19 @@ def detect_peak_tbps(device: torch.device) -> float | None:
 
 
 def build_layer(args: argparse.Namespace, context: int, device: torch.device) -> dict:
-    """A full-context batch with shuffled page tables and up-to-date page summaries."""
-    gen = torch.Generator(device=device).manual_seed(0)
+    """A full-context batch with shuffled page tables and up-to-date page summaries, made on
+    `device` (seeded there)."""
+    with seeded(device, 0):
+        return _random_layer(args, context, device)
+
+
+def _random_layer(args: argparse.Namespace, context: int, device: torch.device) -> dict:
     pages_per_seq = -(-context // args.page_size)
     num_pages = args.batch * pages_per_seq
     dtype = DTYPES[args.dtype]
     shape = (num_pages, args.page_size, args.kv_heads, args.head_dim)
-    k_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
-    v_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    k_cache = torch.randn(shape, device=device, dtype=dtype)
+    v_cache = torch.randn(shape, device=device, dtype=dtype)
     # As the engine keeps them: the score mode's tables, in the cache dtype where Triton scores.
     triton_scores = resolve_backend(args.backend, k_cache) == "triton"
     summary = PageSummary.empty(
@@ -99,11 +105,9 @@ def build_layer(args: argparse.Namespace, context: int, device: torch.device) ->
         ids = torch.arange(start, min(start + 8192, num_pages), device=device)
         fill = torch.full_like(ids, args.page_size)
         update_page_summaries(k_cache, summary, ids, fill)
-    order = torch.randperm(num_pages, generator=gen, device=device)
+    order = torch.randperm(num_pages, device=device)
     return {
-        "q": torch.randn(args.batch, args.q_heads, args.head_dim, generator=gen, device=device).to(
-            dtype
-        ),
+        "q": torch.randn(args.batch, args.q_heads, args.head_dim, device=device).to(dtype),
         "k_cache": k_cache,
         "v_cache": v_cache,
         "page_table": order.view(args.batch, pages_per_seq).to(torch.int32),
@@ -255,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args([] if argv is None else argv)
     if args.aot:
         return aot_table(args.json)
-    device = torch.device(args.device)
+    device = args.device
     peak_tbps = args.peak_tbps if args.peak_tbps is not None else detect_peak_tbps(device)
     rows = []
     for context in args.contexts:

@@ -19,18 +19,18 @@ from pathlib import Path
 
 import torch
 
+from sparrow.bench.device import load_on_device, resolve_device_args
 from sparrow.cli.errors import ArgumentParser, at_least, model_not_found
-from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams, shared_prefix_tokens
 from sparrow.tasks.generators import TaskConfig, generate_tasks
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        lm = load_model(ModelConfig(args.model))
+        lm = load_on_device(args)
     except OSError as err:
         model_not_found(err, "--model", args.model)
         raise
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  same tokens       {report['same_tokens']} / {len(prompts)} completions")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0
 
@@ -101,10 +101,11 @@ def _engine_config(args, prompts: list[list[int]], share: bool) -> EngineConfig:
     )
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(prog="sparrow-bench prefix", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on a CPU")
     p.add_argument("--prompts", type=at_least(1), default=200, help="held-out prompts")
     p.add_argument(
         "--few-shot", type=at_least(0), default=3, help="worked examples before each question"
@@ -122,6 +123,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="16 prompts, 8 tokens: a smoke run")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    resolve_device_args(args)
     if args.quick:
         args.prompts, args.new_tokens = 16, 8
     return args

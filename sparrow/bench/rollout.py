@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from sparrow import malloc
+from sparrow.bench.device import load_on_device, resolve_device_args
 from sparrow.cli.errors import ArgumentParser, at_least, model_not_found
 from sparrow.control.acceptance import exact_acceptance
-from sparrow.models.loading import ModelConfig, load_model
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
 QUICK = {
@@ -44,11 +44,11 @@ QUICK = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        lm = load_model(ModelConfig(args.model))
+        lm = load_on_device(args)
     except OSError as err:
         model_not_found(err, "--model", args.model)
         raise
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0
 
@@ -82,7 +82,7 @@ def engine_vs_hf(lm, args) -> dict:
         for b in backends
     }
     params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True)
-    input_ids = torch.tensor(prompts)
+    input_ids = torch.tensor(prompts, device=args.device)  # (B, T)
     pad = lm.tokenizer.pad_token_id
 
     def run_hf(new_tokens: int) -> None:
@@ -223,10 +223,11 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(prog="sparrow-bench rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on a CPU")
     p.add_argument("--batch", type=at_least(1), default=16, help="engine vs HF: prompts")
     p.add_argument(
         "--prompt-tokens", type=at_least(1), default=64, help="engine vs HF: prompt length"
@@ -261,6 +262,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="reduced sizes: a smoke run")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    resolve_device_args(args)
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)

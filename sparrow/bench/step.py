@@ -13,6 +13,13 @@ rollout (generate + rewards), dense log-probs, monitor (acceptance, exact replay
 `monitor.exact`, controller), update, DistillSparse, weight sync: every `time/<phase>_s` the
 trainer reports, in its order.
 
+Both runs always time an actor update: the bench sets `rl.skip_no_signal=false` (unless
+overridden), so a step whose groups all score alike (the 1 x 4 long-context group often does; a
+random-weight model's rewards are all 0) still runs the update with zero advantages. Its cost is
+the same as with a signal (the same forward, backward and optimizer step over the same tokens:
+the advantages only scale the loss), and the rewards and the trainer stay as they are. The bench
+exits with 1 when either run's update was still skipped or took no time.
+
 The exact-acceptance replay is monitoring overhead the sparse policy needs; a dense-only trainer
 has nothing to monitor, so by default the dense run sets `monitor.exact=false` (it still computes
 the top-K bound, which costs next to nothing); `--dense-exact-monitor` makes it pay the replay
@@ -40,21 +47,29 @@ from pathlib import Path
 import torch
 
 from sparrow import malloc
+from sparrow.bench.device import bench_device
 from sparrow.cli.errors import ArgumentParser, at_least
 
 TIME_PREFIX, TIME_SUFFIX = "time/", "_s"  # the trainer's per-phase seconds: time/<phase>_s
 DEFAULT_PRESET = "bench_step_cpu"
 # Both runs, unless overridden: no dense share in the sparse rollout (noise-floor prompts) and no
-# timed dense re-rollout, so the sparse run measures the sparse policy alone.
-MEASURE_DEFAULTS = {"monitor.noise_floor_fraction": 0, "monitor.speedup_every": 0}
+# timed dense re-rollout, so the sparse run measures the sparse policy alone; and an update even
+# when every advantage is zero (the step's update phase is what is timed, see above).
+MEASURE_DEFAULTS = {
+    "monitor.noise_floor_fraction": 0,
+    "monitor.speedup_every": 0,
+    "rl.skip_no_signal": "false",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = _parse(argv)
+    args, overrides = parse_args(argv)
     from sparrow.cli.config_loader import ConfigError, load_config
 
     if args.random_model:
-        overrides = _set(overrides, "model.name", str(_random_model_dir(args.random_model)))
+        overrides = _set(
+            overrides, "model.name", str(_random_model_dir(args.random_model, args.device))
+        )
     for key, value in MEASURE_DEFAULTS.items():
         if not any(_key(o) == key for o in overrides):
             overrides = [*overrides, f"{key}={value}"]
@@ -83,9 +98,25 @@ def main(argv: list[str] | None = None) -> int:
             report[label] = run_step(cfg, args, label)
             _write(args.json, report)  # partial results survive a later timeout
     report |= speedups(report["sparse"], report["dense"])
+    report["problems"] = problems(report)
     print_table(report)
     _write(args.json, report)
-    return 0
+    for line in report["problems"]:
+        print(f"sparrow-bench step: {line}", flush=True)
+    return 1 if report["problems"] else 0
+
+
+def problems(report: dict) -> list[str]:
+    """Why the report does not measure a whole step (empty: it does): an update skipped or
+    untimed in either run."""
+    found = []
+    for label in ("sparse", "dense"):
+        run = report[label]
+        if run["update_skipped"]:
+            found.append(f"the {label} run skipped its update (every advantage zero)")
+        elif not run.get("update_s", 0) > 0:
+            found.append(f"the {label} run timed no update (update_s {run.get('update_s')})")
+    return found
 
 
 def run_step(cfg, args, label: str) -> dict:
@@ -98,6 +129,10 @@ def run_step(cfg, args, label: str) -> dict:
         cfg = replace(cfg, rollout=replace(cfg.rollout, ignore_eos=True))
     trainer = GRPOTrainer(cfg)
     build_s = time.perf_counter() - start
+    if trainer.engine.runner.device.type != args.device.type:
+        raise AssertionError(
+            f"the trainer built on {trainer.engine.runner.device}, not {args.device}"
+        )
     if args.warmup:
         measured = trainer.sampling
         trainer.sampling = replace(
@@ -109,7 +144,8 @@ def run_step(cfg, args, label: str) -> dict:
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()
-    if torch.cuda.is_available():
+    on_gpu = trainer.engine.runner.device.type == "cuda"
+    if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     metrics = trainer.train_step()
     if profiler is not None:
@@ -122,13 +158,12 @@ def run_step(cfg, args, label: str) -> dict:
         "budgets_pages": list(cfg.schedule.budgets_pages) if cfg.schedule.mode != "dense" else [],
         "exact_monitor": cfg.monitor.exact,
         "build_s": build_s,
+        "update_skipped": bool(metrics.get("update/no_signal")),
         "device": str(trainer.engine.runner.device),
         "distill": trainer.distill is not None,
         # The measured step's peak of allocated GPU memory (engine KV pool, actor, activations);
         # on a CPU the process's peak RSS so far (the build included).
-        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30
-        if torch.cuda.is_available()
-        else None,
+        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
         "process_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
     print(
@@ -137,7 +172,7 @@ def run_step(cfg, args, label: str) -> dict:
     )
     del trainer
     gc.collect()
-    if torch.cuda.is_available():
+    if on_gpu:
         torch.cuda.empty_cache()
     return summary
 
@@ -215,11 +250,11 @@ def print_table(report: dict) -> None:
     )
 
 
-def _random_model_dir(name: str) -> Path:
+def _random_model_dir(name: str, device: torch.device) -> Path:
     from sparrow.models.loading import cache_root
     from sparrow.models.random_init import save_random_model
 
-    dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
     directory = cache_root() / "models" / f"random-{name}-{dtype}"
     print(f"random {name} weights ({dtype}) in {directory}", flush=True)
     return save_random_model(name, directory, dtype)
@@ -262,7 +297,7 @@ def _write(path: str | None, report: dict) -> None:
     print(f"wrote {path}", flush=True)
 
 
-def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = ArgumentParser(
         prog="sparrow-bench step",
         description=__doc__.split("\n\n")[0],
@@ -293,4 +328,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"unrecognized arguments: {' '.join(bad)}")
     if not any(_key(o) == "preset" for o in rest):
         rest = [f"preset={DEFAULT_PRESET}", *rest]
+    # The trainer places engine, actor and adapter on CUDA when present (GRPOTrainer), which is
+    # bench_device()'s rule: the bench's own choices (random weights' dtype, memory) follow it.
+    args.device = bench_device()
     return args, rest

@@ -73,7 +73,8 @@ class DistillSparse:
         dropout_seed: its dropout masks, + the adapter step (one stream per rank)."""
         self.cfg = cfg
         self.dropout_seed = dropout_seed
-        with _seeded(init_seed):
+        self.device = next(base_model.parameters()).device
+        with _seeded(init_seed, self.device):
             self.policy = SparsePolicy(
                 base_model,
                 attn,
@@ -113,7 +114,7 @@ class DistillSparse:
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         # Dropout masks from a stream of the adapter's own: the same on a resumed run.
-        with _seeded(self.dropout_seed + self.num_steps):
+        with _seeded(self.dropout_seed + self.num_steps, self.device):
             for start in range(0, len(batch), self.cfg.micro_batch_size):
                 rows = slice(start, start + self.cfg.micro_batch_size)
                 mask = batch.completion_mask[rows]  # (b, T)
@@ -177,10 +178,10 @@ class DistillSparse:
 
 
 @contextmanager
-def _seeded(seed: int):
-    """Draw from torch's generators (CPU and this process's GPU) seeded with `seed`, leaving
-    their state outside as it was."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+def _seeded(seed: int, device: torch.device):
+    """Draw from torch's generators (the CPU's and `device`'s when it is a GPU) seeded with
+    `seed`, leaving their state outside as it was."""
+    devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield

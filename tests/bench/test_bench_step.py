@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparrow.bench import cli
-from sparrow.bench.step import _set
+from sparrow.bench.step import _set, problems
 from sparrow.models.loading import ModelConfig, load_model
 from sparrow.models.random_init import build_random_model, random_model_config, save_random_model
 
@@ -58,6 +58,24 @@ def test_step_bench_runs_sparse_and_dense(report):
     assert 0.0 < sparse["accept_p5_min"] <= 1.0
 
 
+def test_both_runs_time_an_actor_update(report):
+    # A random-weight model scores every completion 0: zero advantages, which the trainer's
+    # rl.skip_no_signal would skip; the bench turns the skip off, so the update is timed.
+    assert "rl.skip_no_signal=false" in report["config"]["overrides"]
+    for run in (report["sparse"], report["dense"]):
+        assert not run["update_skipped"]
+        assert run["update_s"] > 0
+    assert report["problems"] == []
+
+
+def test_a_skipped_update_fails_the_bench(report):
+    bad = json.loads(json.dumps(report))
+    bad["dense"]["update_skipped"] = True
+    assert problems(bad) == ["the dense run skipped its update (every advantage zero)"]
+    bad["dense"]["update_skipped"], bad["sparse"]["update_s"] = False, 0.0
+    assert problems(bad) == ["the sparse run timed no update (update_s 0.0)"]
+
+
 def test_step_bench_times_the_distill_update_and_reports_memory(report):
     sparse, dense = report["sparse"], report["dense"]
     # DistillSparse trains the sparse policy's adapter; a dense run has no sparse policy.
@@ -84,9 +102,9 @@ def test_override_replacement_keeps_one_assignment_per_key():
     assert got == ["preset=tiny", "rl.steps=2", "schedule=dense"]
 
 
-def test_cli_rejects_stray_arguments():
-    with pytest.raises(SystemExit):
-        cli.main(["step", "not-an-override"])
+def test_cli_rejects_stray_arguments(capsys):
+    assert cli.main(["step", "not-an-override"]) == 2
+    assert "unrecognized arguments: not-an-override" in capsys.readouterr().err
 
 
 def test_qwen3_shapes_match_the_public_configs():

@@ -1,0 +1,379 @@
+"""`sparrow-bench decode-step`: one whole-model decode step, sparse against dense, as the engine
+runs it (embedding to sampled token, every layer), at a given model shape, context, budget and
+batch.
+
+    sparrow-bench decode-step --json runs/decode_step.json   # GPU: Qwen3-1.7B shape, 32K context,
+                                                            # 2K-token budget, batch 16 and 64
+    sparrow-bench decode-step                               # CPU: a tiny shape, wall clock
+
+The step is the engine's own: `LLMEngine` builds the model runner from an `EngineConfig` (decode
+plan, paged KV cache, Triton kernels on CUDA, CUDA-graph replay per step shape when
+`--graphs` is on), and one step is `runner.decode` (plan update + forward) then the engine's
+sampler; the sampled tokens are read back and appended after the timed window, as generate
+does. Random weights of the model's real shape are made directly on the device
+(sparrow.models.random_init's shapes; no download). The batch is GRPO-like: `--samples` samples
+of each of batch / samples prompts, which share their prompt's full KV pages as in generate (at
+Qwen3-1.7B one token's K/V is 112 KiB, so 64 distinct 32K contexts would need 224 GiB). The
+pages hold random K/V with up-to-date page summaries instead of a prefill's: a step's work does
+not depend on the values, and 8 prefills of 32K tokens would cost more than all the steps.
+
+Per batch and graphs setting, the sparse step (every row at `--budget-tokens`, layers 0-1 dense)
+and the dense step are each run `--warmup` times (Triton compiles, graphs are captured), then
+timed `--iters` times: CUDA events on a GPU (the median is the figure), the wall clock on a
+CPU. On a GPU the host share of the step (the part the GPU spent waiting for the host between
+launches, step_timer.py) comes from a few profiled steps. The JSON holds every step time, the
+sparse/dense ratio, the shapes and the KV bytes (pool, held, read per step). Exits non-zero when
+a configuration did not run as asked (no timed step, or graphs asked for and not replayed).
+"""
+
+import argparse
+import json
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sparrow.bench.decode import RandomWeights
+from sparrow.bench.device import bench_device
+from sparrow.bench.step_timer import StepTimer, host_share, summary
+from sparrow.models.random_init import random_model_config
+from sparrow.rollout.block_manager import BlockManager
+from sparrow.rollout.engine import EngineConfig, LLMEngine
+from sparrow.rollout.sequence import Sequence
+
+# (GPU, CPU) defaults: the headline shape, and a tiny one that a CPU test runs in seconds.
+DEFAULTS = {
+    "model": ("qwen3-1.7b", "qwen3-debug"),
+    "context": (32768, 256),
+    "budget_tokens": (2048, 64),
+    "batches": ([16, 64], [4]),
+    "samples": (8, 2),
+    "dtype": ("bfloat16", "float32"),
+    "iters": (20, 5),
+    "warmup": (3, 1),
+    "profile_steps": (3, 0),
+}
+
+
+@dataclass
+class Bench:
+    """What every configuration shares: the engine (weights, KV pool, graphs) and its shapes."""
+
+    engine: LLMEngine
+    config: object  # the HF config of the model shape
+    device: torch.device
+    dtype: torch.dtype
+    page_size: int
+    weights_bytes: int  # every weight, read once per decode step
+    next_seq_id: int = 0
+
+
+def build(args: argparse.Namespace) -> Bench:
+    """The engine on `args.device`, with a KV pool for the largest batch; no step run yet."""
+    config = random_model_config(args.model)
+    config.max_position_embeddings = max(config.max_position_embeddings, args.context + 1024)
+    dtype = getattr(torch, args.dtype)
+    weights = RandomWeights(config, seed=0, device=args.device, dtype=dtype)
+    cfg = EngineConfig(
+        page_size=args.page_size,
+        num_pages=pool_pages(args),
+        max_batch_size=max(args.batches),
+        dtype=args.dtype,
+        linear_backend="torch",
+        cuda_graphs=args.device.type == "cuda" and True in args.graphs,
+    )
+    weights_bytes = sum(t.numel() * t.element_size() for t in weights.parameters())
+    engine = LLMEngine(weights, None, cfg)  # copies the weights: the random ones can go
+    return Bench(engine, config, args.device, dtype, args.page_size, weights_bytes)
+
+
+def pool_pages(args: argparse.Namespace) -> int:
+    """KV pages for the largest batch: its prompts' shared pages, and per sample its partial
+    page plus room for every token the steps append."""
+    ps = args.page_size
+    steps = len(args.graphs) * 2 * (args.warmup + args.iters + args.profile_steps + 3)
+    per_sample = 1 + -(-(steps + 1) // ps) + 1
+    return max(b // args.samples * (args.context // ps) + b * per_sample for b in args.batches)
+
+
+def sequences(bench: Bench, batch: int, samples: int, context: int) -> tuple[list, BlockManager]:
+    """`batch` sequences of `context` tokens (batch / samples prompts, their samples sharing the
+    prompt's full pages), their cached tokens filled with random K/V and summaries, each with
+    one sampled token to feed: ready for a decode step."""
+    runner, ps = bench.engine.runner, bench.page_size
+    bm = BlockManager(runner.kv.num_pages - 1, ps)  # the pool less the plan's scratch page
+    gen = torch.Generator().manual_seed(batch)  # host token ids
+    seqs = []
+    for prompt_index in range(batch // samples):
+        prompt = torch.randint(3, bench.config.vocab_size, (context - 1,), generator=gen).tolist()
+        group = []
+        for _ in range(samples):
+            group.append(Sequence(bench.next_seq_id, prompt_index, prompt, max_tokens=1 << 20))
+            bench.next_seq_id += 1  # unique across configurations: dense K/V copies key on ids
+        bm.allocate_prefill(group)
+        seqs += group
+    fill_random_kv(bench, seqs)
+    first = torch.randint(3, bench.config.vocab_size, (batch,), generator=gen).tolist()
+    append(seqs, bm, first)  # the tokens a prefill would have sampled
+    return seqs, bm
+
+
+def append(seqs: list[Sequence], bm: BlockManager, tokens: list[int]) -> None:
+    """Each sequence's sampled token appended, and a page given where it starts one."""
+    for seq, token in zip(seqs, tokens, strict=True):
+        seq.completion_ids.append(token)
+        if bm.needs_page(seq):
+            bm.append_page(seq)
+
+
+def fill_random_kv(bench: Bench, seqs: list[Sequence]) -> None:
+    """Random K/V in every page and the summaries of the pages the sequences hold, refreshed as
+    a prefill refreshes them (the engine's own update)."""
+    kv, ps = bench.engine.runner.kv, bench.page_size
+    kv.k.normal_()
+    kv.v.normal_()
+    fills: dict[int, int] = {}
+    for seq in seqs:
+        for i, page in enumerate(seq.page_table):
+            fills[page] = min(ps, seq.num_tokens - i * ps)
+    pages = torch.tensor(list(fills), dtype=torch.int64, device=bench.device)
+    counts = torch.tensor(list(fills.values()), dtype=torch.int64, device=bench.device)
+    kv.update_summaries(pages, counts)
+    if kv.dense_copy is not None:
+        kv.dense_copy.invalidate()
+
+
+def measure(bench: Bench, args, seqs: list[Sequence], bm: BlockManager, sparse: bool, graphs: bool):
+    """Warm-up, then `args.iters` timed steps (and the profiled ones on a GPU) of one arm."""
+    engine, runner = bench.engine, bench.engine.runner
+    budgets = [args.budget_tokens // bench.page_size] * len(seqs) if sparse else None
+    timer = StepTimer(bench.device)
+
+    def step() -> torch.Tensor:  # (B,) sampled token ids, on the device
+        # Summaries refreshed on sparse steps only, as generate does (with a schedule set).
+        logits = runner.decode(seqs, budgets, update_summaries=sparse)
+        return engine.sampler(logits, temperature=1.0).token_ids
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            append(seqs, bm, step().tolist())
+
+    with eager_unless(runner, graphs):
+        replayed = runner.graphs.num_replayed if runner.graphs is not None else 0
+        steps(args.warmup)
+        times = []
+        for _ in range(args.iters):
+            ms, tokens = timer.time(step)
+            times.append(ms)
+            append(seqs, bm, tokens.tolist())
+        # At least one kernel per layer, or the profiler missed the graph's kernels.
+        kernel_ms, events = timer.kernel_ms(
+            lambda: steps(args.profile_steps), args.profile_steps, bench.config.num_hidden_layers
+        )
+        replayed = (runner.graphs.num_replayed - replayed) if runner.graphs is not None else 0
+    result = summary(times)
+    result |= {
+        "kernel_ms": kernel_ms,
+        "device_events_per_step": events,
+        "host_share": host_share(result["step_ms"], kernel_ms),
+        "graph_replays": replayed,
+        "context_tokens_at_end": max(s.num_tokens for s in seqs),
+    }
+    return result
+
+
+class eager_unless:
+    """The runner decoding eagerly with unpadded shapes (as built with cuda_graphs=False) unless
+    `graphs`; restored on exit."""
+
+    def __init__(self, runner, graphs: bool):
+        self.runner, self.graphs = runner, graphs
+
+    def __enter__(self):
+        self.saved = self.runner.graphs, self.runner.plan.pad_shapes
+        if not self.graphs:
+            self.runner.graphs, self.runner.plan.pad_shapes = None, False
+
+    def __exit__(self, *exc):
+        self.runner.graphs, self.runner.plan.pad_shapes = self.saved
+
+
+def kv_bytes(bench: Bench, args, batch: int, held_pages: int = 0) -> dict:
+    """Bytes of K/V: per token (all layers), the pool, what the batch holds (`held_pages`, each
+    shared page once), and what one step reads (every row its own pages, shared ones included;
+    sparse: layers 0-1 whole, the others the budget, plus the page summaries scoring reads)."""
+    c, kv = bench.config, bench.engine.runner.kv
+    elem = torch.empty(0, dtype=bench.dtype).element_size()
+    per_layer_token = 2 * c.num_key_value_heads * c.head_dim * elem
+    layers = c.num_hidden_layers
+    dense_layers = len(kv.cfg.dense_layers)
+    pages = args.context // bench.page_size
+    summary_tables = 1 if kv.cfg.score == "centroid" else 2
+    summary_elem = kv.summaries[-1].tables[0].element_size()
+    summaries = pages * summary_tables * c.num_key_value_heads * c.head_dim * summary_elem
+    sparse_tokens = dense_layers * args.context + (layers - dense_layers) * args.budget_tokens
+    return {
+        "per_token": layers * per_layer_token,
+        "pool": 2 * kv.k.numel() * elem,
+        "held": held_pages * bench.page_size * layers * per_layer_token,
+        "read_per_step_dense": batch * args.context * layers * per_layer_token,
+        "read_per_step_sparse": batch
+        * (sparse_tokens * per_layer_token + (layers - dense_layers) * summaries),
+    }
+
+
+def run(bench: Bench, args, batch: int) -> list[dict]:
+    """Both arms at each graphs setting for one batch (its sequences made once)."""
+    seqs, bm = sequences(bench, batch, args.samples, args.context)
+    held = len({page for seq in seqs for page in seq.page_table})  # shared pages once
+    rows = []
+    for graphs in args.graphs:
+        sparse = measure(bench, args, seqs, bm, sparse=True, graphs=graphs)
+        dense = measure(bench, args, seqs, bm, sparse=False, graphs=graphs)
+        rows.append({
+            "batch": batch, "prompts": batch // args.samples, "samples": args.samples,
+            "graphs": graphs, "sparse": sparse, "dense": dense,
+            "ratio": dense["step_ms"] / sparse["step_ms"],
+            "kv_bytes": kv_bytes(bench, args, batch, held),
+        })  # fmt: skip
+        print_row(rows[-1])
+    return rows
+
+
+def problems(report: dict) -> list[str]:
+    """Why the report does not hold what was asked for (empty: it does)."""
+    found = []
+    for row in report["runs"]:
+        name = f"batch {row['batch']}, graphs {'on' if row['graphs'] else 'off'}"
+        for arm in ("sparse", "dense"):
+            r = row[arm]
+            if len(r["steps_ms"]) < report["iters"] or not r["step_ms"] > 0:
+                found.append(f"{name}: the {arm} step was not timed")
+            if row["graphs"] and r["graph_replays"] < report["iters"]:
+                found.append(f"{name}: the {arm} step did not replay a CUDA graph")
+    found += [f"batch {e['batch']}: {e['error']}" for e in report.get("errors", [])]
+    asked = len(report["batches"]) * len(report["graphs"])
+    if len(report["runs"]) != asked:
+        found.append(f"{len(report['runs'])} of {asked} configurations ran")
+    return found
+
+
+def print_row(row: dict) -> None:
+    s, d = row["sparse"], row["dense"]
+
+    def share(r: dict) -> str:
+        return "-" if r["host_share"] is None else f"{r['host_share']:.2f}"
+
+    print(
+        f"batch {row['batch']:>3} ({row['prompts']} x {row['samples']}), graphs "
+        f"{'on ' if row['graphs'] else 'off'}: sparse {s['step_ms']:8.3f} ms  dense "
+        f"{d['step_ms']:8.3f} ms  dense/sparse {row['ratio']:5.2f}x  host share sparse "
+        f"{share(s)} dense {share(d)}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench = build(args)
+    c = bench.config
+    report = {
+        "bench": "decode-step",
+        "device": torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu",
+        "device_type": args.device.type,
+        "timer": StepTimer(args.device).clock,
+        "model": {
+            "name": args.model,
+            "layers": c.num_hidden_layers,
+            "hidden": c.hidden_size,
+            "q_heads": c.num_attention_heads,
+            "kv_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "intermediate": c.intermediate_size,
+            "vocab": c.vocab_size,
+        },  # fmt: skip
+        "dtype": args.dtype,
+        "context_tokens": args.context,
+        "budget_tokens": args.budget_tokens,
+        "budget_pages": args.budget_tokens // args.page_size,
+        "page_size": args.page_size,
+        "dense_layers": list(bench.engine.runner.kv.cfg.dense_layers),
+        "score": bench.engine.runner.kv.cfg.score,
+        "batches": args.batches,
+        "graphs": args.graphs,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "weights_bytes": bench.weights_bytes,
+        "kv_bytes_per_token": kv_bytes(bench, args, 1)["per_token"],
+        "kv_pool_bytes": kv_bytes(bench, args, 1)["pool"],
+        "runs": [],
+    }
+    print(
+        f"decode step, {args.model} {args.dtype} on {report['device']}: context {args.context}, "
+        f"budget {args.budget_tokens} tokens, {report['timer']}, median of {args.iters}"
+    )
+    report["errors"] = []
+    for batch in args.batches:
+        try:
+            report["runs"] += run(bench, args, batch)
+        except Exception as err:  # the next batch still runs: one GPU call, as much as it gives
+            tail = traceback.format_exc(limit=-3)
+            report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
+            print(f"batch {batch} failed: {tail}", flush=True)
+        _write(args.json, report)  # what ran survives a later failure
+    report["ratio"] = {
+        f"batch {r['batch']}, graphs {'on' if r['graphs'] else 'off'}": r["ratio"]
+        for r in report["runs"]
+    }
+    report["problems"] = problems(report)
+    _write(args.json, report)
+    for line in report["problems"]:
+        print(f"sparrow-bench decode-step: {line}")
+    return 1 if report["problems"] else 0
+
+
+def _write(path: str | None, report: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="sparrow-bench decode-step", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
+    p.add_argument("--model", default=None, help="random weights of this shape (random_init.py)")
+    p.add_argument("--context", type=int, default=None, help="tokens cached per sequence")
+    p.add_argument("--budget-tokens", type=int, default=None, help="sparse layers' budget")
+    p.add_argument("--batches", type=int, nargs="+", default=None, help="sequences per step")
+    p.add_argument("--samples", type=int, default=None, help="samples per prompt (GRPO group)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--iters", type=int, default=None, help="timed steps per arm (median)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per arm first")
+    p.add_argument("--profile-steps", type=int, default=None, help="GPU: steps for host share")
+    p.add_argument(
+        "--graphs", default="auto", choices=["auto", "on", "off"],
+        help="CUDA graphs: auto = both on and off on CUDA, off on a CPU",
+    )  # fmt: skip
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device) if args.device else bench_device()
+    gpu = args.device.type == "cuda"
+    for name, (on_gpu, on_cpu) in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, on_gpu if gpu else on_cpu)
+    if args.graphs == "auto":
+        args.graphs = [True, False] if gpu else [False]
+    else:
+        args.graphs = [args.graphs == "on"]
+    if True in args.graphs and not gpu:
+        p.error("--graphs on needs CUDA")
+    bad = [b for b in args.batches if b % args.samples]
+    if bad or args.budget_tokens % args.page_size or args.context % args.page_size:
+        p.error("batches must be multiples of --samples; context and budget of --page-size")
+    if args.iters < 1:
+        p.error("--iters must be >= 1")
+    return args
