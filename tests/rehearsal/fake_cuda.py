@@ -210,12 +210,20 @@ class _Stream:
         pass
 
 
-def _generator(device="cpu"):
-    """torch.Generator on "cuda" as a CPU one: fake random ops take it and draw nothing."""
-    return _REAL_GENERATOR()
-
-
 _REAL_GENERATOR = torch.Generator
+
+
+class _Generator(_REAL_GENERATOR):
+    """torch.Generator, made on the CPU whatever the device: fake random ops take it and draw
+    nothing. A subclass, so that annotations and isinstance checks against torch.Generator
+    still work while it stands in."""
+
+    def __new__(cls, device="cpu"):
+        return _REAL_GENERATOR.__new__(cls, "cpu")
+
+    def __init__(self, device="cpu"):
+        pass
+
 
 # torch.utils.swap_tensors' view of weak references: none for fake tensors (see the docstring).
 _SWAP_WEAKREFS = SimpleNamespace(
@@ -229,7 +237,7 @@ def fake_cuda_runtime():
     methods as aten ops (`FakeCudaMethods`), for the duration."""
     FakeCudaGraph.captures = []
     patches = [
-        mock.patch.object(torch, "Generator", _generator),
+        mock.patch.object(torch, "Generator", _Generator),
         mock.patch.object(torch.cuda, "get_device_properties", lambda device=None: H200),
         mock.patch.object(torch.cuda, "Stream", _Stream),
         mock.patch.object(torch.cuda, "current_stream", lambda device=None: _Stream()),
