@@ -57,8 +57,8 @@ SCHEMAS = {
 
 
 def _register(name: str):
-    """Define op `name` and register the decorated function as its real implementation; the
-    function's `fake` attribute (set by `_fake`) is its fake one."""
+    """Define op `name` (SCHEMAS) with the decorated function as its real implementation, for
+    every device (CompositeExplicitAutograd)."""
 
     def wrap(real):
         _LIB.define(SCHEMAS[name])
@@ -69,6 +69,8 @@ def _register(name: str):
 
 
 def _fake(name: str):
+    """Register the decorated function as op `name`'s fake implementation."""
+
     def wrap(fake):
         torch.library.register_fake(f"sparrow::{name}", fake, lib=_LIB)
         return fake

@@ -17,7 +17,8 @@ that build, not of the code under rehearsal, and are stood in for here, in the t
   nothing; streams are no-ops). `FakeCudaGraph` records what each capture held.
 - `Module.to` swaps each parameter with its converted copy (`torch.utils.swap_tensors`), which
   refuses a tensor with weak references, and the fake tensor converter keeps one to every fake
-  parameter (its memo): the check is relaxed for fake tensors (peft casts its adapters so).
+  parameter (its memo): the check is relaxed for fake tensors, so that a model made on the CPU
+  moves to "cuda" as the trainer moves it, and peft casts its adapters.
 Not stood in: autograd on fake CUDA tensors (the autograd engine takes a device guard in C++
 and aborts the process), so backward passes are rehearsed on fake CPU tensors.
 """
@@ -94,12 +95,17 @@ def _setitem(x, index, value):
 
 
 def _to(x, *args, copy: bool = False, **kwargs):
+    """Tensor.to as aten._to_copy where a device guard is in the way: a move to or from CUDA,
+    or any conversion of a CUDA tensor; NotImplemented for what the binding does itself."""
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-    if device is None or device.type == x.device.type:
-        return NotImplemented
-    if device.type == "cuda" and device.index is None:
+    if device is not None and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
-    return aten._to_copy.default(x, dtype=dtype or x.dtype, device=device,
+    moves = device is not None and device.type != x.device.type
+    if not moves and not _is_cuda(x):
+        return NotImplemented
+    if not moves and (dtype is None or dtype == x.dtype):
+        return aten.clone.default(x) if copy else x
+    return aten._to_copy.default(x, dtype=dtype or x.dtype, device=device or x.device,
                                  non_blocking=non_blocking)  # fmt: skip
 
 
@@ -179,11 +185,8 @@ class FakeCudaGraph:
     """torch.cuda.CUDAGraph: `torch.cuda.graph(g)` runs its block once (the capture, which
     executes the forward on fake tensors); `replay` runs nothing."""
 
-    captures: list["FakeCudaGraph"] = []
-
     def __init__(self, *args, **kwargs):
         self.num_replays = 0
-        self.captured = False
 
     def replay(self):
         self.num_replays += 1
@@ -194,9 +197,7 @@ class FakeCudaGraph:
 
 @contextlib.contextmanager
 def _graph(graph, pool=None, stream=None, **kwargs):
-    FakeCudaGraph.captures.append(graph)
     yield graph
-    graph.captured = True
 
 
 class _Stream:
@@ -235,7 +236,6 @@ _SWAP_WEAKREFS = SimpleNamespace(
 def fake_cuda_runtime():
     """torch.cuda's runtime pieces as stand-ins (see the module docstring), and the guarded
     methods as aten ops (`FakeCudaMethods`), for the duration."""
-    FakeCudaGraph.captures = []
     patches = [
         mock.patch.object(torch, "Generator", _Generator),
         mock.patch.object(torch.cuda, "get_device_properties", lambda device=None: H200),
@@ -252,26 +252,3 @@ def fake_cuda_runtime():
             stack.enter_context(p)
         stack.enter_context(FakeCudaMethods())
         yield
-
-
-def module_to_fake_cuda(module: torch.nn.Module) -> torch.nn.Module:
-    """`module.to("cuda")` for a module of fake CPU tensors: `Module.to` swaps each parameter
-    with its moved copy, which fake tensors refuse (the fake mode holds weak references to
-    them), so each parameter and buffer is replaced by an uninitialised one on "cuda" (tied
-    weights stay tied). Run under the FakeTensorMode that made the module."""
-    moved: dict[int, torch.Tensor] = {}
-
-    def move(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in moved:
-            new = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
-            if isinstance(t, torch.nn.Parameter):
-                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
-            moved[id(t)] = new
-        return moved[id(t)]
-
-    for m in module.modules():
-        for tensors in (m._parameters, m._buffers):
-            for name, t in tensors.items():
-                if t is not None:
-                    tensors[name] = move(t)
-    return module

@@ -10,10 +10,11 @@ the Python stack, and the Triton kernels are torch ops with fake implementations
 
 from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import transformers
-from fake_cuda import fake_cuda_runtime, module_to_fake_cuda
+from fake_cuda import fake_cuda_runtime
 from host_values import HostValues
 from hot_path import HotPathGuard
 from live_bytes import LiveBytes
@@ -56,6 +57,11 @@ def fake_gpu(*, phases: StackRegions | None = None, host_values: bool = False, *
     HostValues (optional), HotPathGuard(HOT_PATH, **guard)."""
     with ExitStack() as stack:
         stack.enter_context(fake_cuda_runtime())
+        # A deep copy of fake tensors (DistillSparse copies its base model) deep-copies each
+        # one's __dict__, its FakeTensorMode included; the copied modes corrupted the heap
+        # (the process died at exit). The copies share the mode, as torch's FakeCopyMode does.
+        stack.enter_context(mock.patch.object(FakeTensorMode, "__deepcopy__",
+                                              lambda mode, memo: mode, create=True))  # fmt: skip
         mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         live = stack.enter_context(LiveBytes(phases))
         values = stack.enter_context(HostValues(mode)) if host_values else None
@@ -65,11 +71,9 @@ def fake_gpu(*, phases: StackRegions | None = None, host_values: bool = False, *
 
 
 def qwen3_model(cfg: SparrowConfig, device: str) -> transformers.PreTrainedModel:
-    """The HF model of Qwen3-1.7B's shape in the config's dtype, fake, uninitialised on "cuda"
-    (as `Module.to("cuda")` leaves it; fake_cuda.module_to_fake_cuda)."""
+    """The HF model of Qwen3-1.7B's shape in the config's dtype, fake, made on the CPU and moved
+    to `device` as the trainer moves its model."""
     config = random_model_config(MODEL)
-    model = transformers.AutoModelForCausalLM.from_config(
-        config, dtype=getattr(torch, cfg.model.dtype)
-    )
-    model.eval()
-    return module_to_fake_cuda(model) if device == "cuda" else model
+    dtype = getattr(torch, cfg.model.dtype)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval().to(device)

@@ -1,15 +1,18 @@
 """The rehearsal harness itself: the guarded methods it reroutes compute what torch's bindings
 compute, live bytes come and go with storages, the fused attention a GPU picks holds no score
-matrix, host values answer only for what the host knows, and no sparrow/ file imports any of it.
+matrix, host values answer only for what the host knows, a deep copy of fake tensors keeps their
+fake mode, and no sparrow/ file imports any of it.
 """
 
 import ast
+import copy
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from fake_cuda import _getitem, _setitem, fake_cuda_runtime
+from harness import fake_gpu
 from host_values import HostValues
 from live_bytes import LiveBytes
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
@@ -69,6 +72,16 @@ def test_host_values_answer_for_host_data_only():
         assert hidden[mask].shape == (15, 16)
         with pytest.raises(DataDependentOutputException):
             float(hidden.sum())
+
+
+def test_a_deep_copy_of_fake_tensors_shares_their_mode():
+    """DistillSparse deep-copies its base model; copying each tensor's FakeTensorMode with it
+    corrupted the heap (the trainer rehearsal's process died at exit)."""
+    with fake_gpu() as h:
+        layer = torch.nn.Linear(4, 4, dtype=torch.bfloat16)
+        twin = copy.deepcopy(layer)
+    assert twin.weight.fake_mode is h.mode and twin.weight is not layer.weight
+    assert twin.weight.shape == (4, 4) and twin.weight.dtype == torch.bfloat16
 
 
 def test_no_sparrow_file_imports_the_harness():
