@@ -15,6 +15,7 @@ from trainer_rehearsal import rehearse_trainer
 GIB = 2**30
 LAYERS = 28
 T, K = 32768, 20  # one row: 4K prompt + 28K completion; the monitor's top-K
+SECONDS = 40.0  # and 4 x 5 s for the engine's (test_engine_rehearsal.py): 60 s together
 
 
 def test_trainer_step_pieces_run_on_fake_tensors_at_the_real_shape():
@@ -39,6 +40,8 @@ def test_trainer_step_pieces_run_on_fake_tensors_at_the_real_shape():
     # the bf16 gradients (3.2 GiB); the audit's estimate was 14-18 GiB.
     assert 3.2 * GIB < report.bytes["actor step"] < 24 * GIB
     assert report.bytes["weight sync"] == 0  # in place: no copy of the weights
+    total = report.seconds["total"]
+    assert total < SECONDS, f"the trainer rehearsal took {total:.1f} s"
     print(
         f"\n[trainer rehearsal] seconds {report.seconds}; GiB beyond each phase's start: "
         + ", ".join(f"{k} {v / GIB:.2f}" for k, v in report.bytes.items())
