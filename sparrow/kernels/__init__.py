@@ -4,23 +4,29 @@ Public ops (one function each, `backend` = "auto" | "torch" | "triton" | "cpp").
 on CUDA tensors; on CPU fp32 tensors the fused C++ kernel of `sparse_decode` (decode_cpu.cpp,
 built on first use) when it builds, else torch. The torch backend is the reference math and the
 CPU fallback; "cpp" is one fused op (`sparse_decode`), so `select_pages` and `paged_decode` run
-torch under it. Triton is imported only when a Triton backend is actually used, so CPU users
-never pay for it and tests can set TRITON_INTERPRET=1 before it is imported. This package imports
-nothing else from sparrow.
+torch under it. Every Triton launch goes through a registered torch op (`torch.ops.sparrow.*`,
+ops.py), whose fake implementation lets fake tensors, torch.compile and graph capture see it.
+Triton is imported only when a Triton kernel actually runs, so CPU users never pay for it and
+tests can set TRITON_INTERPRET=1 before it is imported. This package imports nothing else from
+sparrow.
 
 paged_cache.py (KV layout, writes, page summaries), selection.py (page scores and choice),
 decode_torch.py (the torch reference and CPU path), decode_cpu.py + decode_cpu.cpp (the fused
-CPU kernel), reference.py (float64 loop references), checks.py (argument checks), the Triton
-kernels decode_triton.py, score_triton.py, select_triton.py, kv_write_triton.py,
-norm_rope_triton.py and swiglu_triton.py, and aot.py (ahead-of-time compilation for Hopper).
+CPU kernel), reference.py (float64 loop references), checks.py (argument checks), launch_checks.py
+(each Triton launcher's shape/dtype/device rules, shared with the ops' fakes), ops.py (the
+torch ops over the Triton kernels), the Triton kernels decode_triton.py, score_triton.py,
+select_triton.py, kv_write_triton.py, norm_rope_triton.py and swiglu_triton.py, and aot.py
+(ahead-of-time compilation for Hopper).
 """
 
 import torch
 from torch import Tensor
 
+from . import ops
 from .checks import check_decode_inputs, check_select_inputs
 from .decode_cpu import cpu_kernel, cpu_kernel_error, sparse_decode_cpu
 from .decode_torch import GatherPlan, attend_gathered, attend_planned, gather_kv, gather_plan
+from .launch_checks import MAX_PAGES
 from .paged_cache import PageSummary, update_page_summaries, write_kv
 from .selection import (
     SCORE_MODES,
@@ -101,13 +107,10 @@ def select_pages(
         )
     page_table = page_table[:, : plan.phys.shape[1]]  # the columns some sequence uses
     if uses_triton(backend, q):
-        from .score_triton import page_scores_triton
-        from .select_triton import MAX_PAGES, select_pages_triton
-
-        scores = page_scores_triton(q, summary, page_table, seq_lens, score, page_size)
+        scores = ops.page_scores(q, summary, page_table, seq_lens, score, page_size)
         # Rows wider than one program holds (> 128K tokens at page 16) take the torch choice.
         if max(page_table.shape[1], plan.max_selected) <= MAX_PAGES:
-            return select_pages_triton(
+            return ops.select_pages(
                 scores,
                 page_table,
                 seq_lens.to(torch.int32),  # no-ops for the engine's int32 tensors
@@ -160,9 +163,7 @@ def paged_decode(
     check_decode_inputs(q, k_cache, v_cache, page_table, seq_lens, selected, validate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if uses_triton(backend, q):
-        from .decode_triton import paged_decode_triton
-
-        return paged_decode_triton(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
+        return ops.paged_decode(q, k_cache, v_cache, page_table, seq_lens, selected, scale)
     if plan is None:
         _, page_size, num_kv_heads, _ = k_cache.shape
         plan = gather_plan(page_table, seq_lens, selected, page_size, num_kv_heads)
@@ -217,25 +218,19 @@ def add_rms_norm(
 ) -> tuple[Tensor, Tensor]:
     """(x + residual, RMSNorm of it) in one Triton launch: CUDA (or the interpreter), fp16/bf16
     rows (N, C). See norm_rope_triton.add_rms_norm."""
-    from .norm_rope_triton import add_rms_norm as fused
-
-    return fused(x, weight, eps, residual)
+    return ops.add_rms_norm(x, weight, eps, residual)
 
 
 def qk_norm_rope(qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
     """Per-head RMSNorm (weight None: none) then RoPE of q and k heads (N, H, D) in one Triton
     launch: CUDA (or the interpreter), fp16/bf16. See norm_rope_triton.qk_norm_rope."""
-    from .norm_rope_triton import qk_norm_rope as fused
-
-    return fused(qk, weight, cos, sin, eps)
+    return ops.qk_norm_rope(qk, weight, cos, sin, eps)
 
 
 def silu_mul(gate_up: Tensor) -> Tensor:
     """SwiGLU's silu(gate) * up of gate_up (N, 2 I) -> (N, I) in one Triton launch: CUDA (or the
     interpreter). See swiglu_triton.silu_mul."""
-    from .swiglu_triton import silu_mul as fused
-
-    return fused(gate_up)
+    return ops.silu_mul(gate_up)
 
 
 def append_kv(
@@ -252,9 +247,7 @@ def append_kv(
     `slot % PAGE_SIZE + 1` tokens: one Triton launch where `backend` runs Triton for `k`
     (kv_write_triton.py), else `write_kv` and `update_page_summaries`."""
     if uses_triton(backend, k):
-        from .kv_write_triton import write_kv as fused
-
-        fused(k_cache, v_cache, k, v, slot_mapping, summary)
+        ops.write_kv(k_cache, v_cache, k, v, slot_mapping, summary)
         return
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     if summary is not None:

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .launch_checks import check_decode_tiling
 from .selection import SelectedPages
 
 
@@ -280,12 +281,7 @@ def paged_decode_triton(
             "paged_decode(backend='triton') on CPU needs TRITON_INTERPRET=1 set before "
             "sparrow.kernels.decode_triton is imported"
         )
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(
-            f"paged_decode(triton): head dim must be a power of 2 >= 16, got {head_dim}"
-        )
-    if page_size & (page_size - 1):
-        raise ValueError(f"paged_decode(triton): PAGE_SIZE must be a power of 2, got {page_size}")
+    check_decode_tiling(head_dim, page_size)
     base = default_tiles(q.dtype, INTERPRETED)
     tiles = DecodeTiles(
         pages_per_iter=pages_per_iter or base.pages_per_iter,

@@ -11,11 +11,11 @@ always kept), so writing the summary during the layer is as exact as after the f
 TRITON_INTERPRET=1 (set before import) the kernel runs on CPU.
 """
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from .launch_checks import check_write_kv
 from .paged_cache import PageSummary
 
 
@@ -81,26 +81,8 @@ def write_kv(
     `update_page_summaries` computes them (decode: one token per sequence, so no two programs
     write one page unless they write the same keys). Slot ids are not checked (no device sync):
     the engine's plan makes them."""
-    num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
-    expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
-    if tuple(k.shape) != expected or tuple(v.shape) != expected or slot_mapping.dim() != 1:
-        raise ValueError(
-            f"write_kv(triton): k, v must be (N, H_kv, D) = {expected} with slot_mapping (N,); "
-            f"got k {tuple(k.shape)}, v {tuple(v.shape)}, slot_mapping {tuple(slot_mapping.shape)}"
-        )
-    if k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("write_kv(triton): k and v need a unit last stride")
-    if v_cache.shape != k_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("write_kv(triton): k_cache and v_cache must be contiguous, same shape")
-    if slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"write_kv(triton): slot_mapping must be int32/int64: {slot_mapping.dtype}")
-    if head_dim & (head_dim - 1) or page_size & (page_size - 1):
-        raise ValueError(
-            f"write_kv(triton): head dim and PAGE_SIZE must be powers of 2: {head_dim}, {page_size}"
-        )
-    tables = [] if summary is None else summary.tables
-    if any(t.shape != (num_pages, num_kv_heads, head_dim) or not t.is_contiguous() for t in tables):
-        raise ValueError("write_kv(triton): summary tables must be contiguous (num_pages, H_kv, D)")
+    check_write_kv(k_cache, v_cache, k, v, slot_mapping, summary)
+    _, page_size, num_kv_heads, head_dim = k_cache.shape
     if not k.is_cuda and not INTERPRETED:
         raise RuntimeError(
             "write_kv(triton) needs CUDA, or TRITON_INTERPRET=1 set before "

@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .launch_checks import check_add_rms_norm, check_qk_norm_rope
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -81,14 +83,8 @@ def add_rms_norm(
 ) -> tuple[Tensor, Tensor]:
     """x, residual (N, C) -> (x + residual, rms_norm(x + residual) * weight), both (N, C) in x's
     dtype; without a residual the first is x itself. weight (C,)."""
-    _check_rows(x, "x")
+    check_add_rms_norm(x, weight, residual)
     n_rows, n_cols = x.shape
-    if weight.shape != (n_cols,) or not weight.is_contiguous():
-        raise ValueError(f"add_rms_norm: weight must be contiguous ({n_cols},)")
-    if residual is not None:
-        _check_rows(residual, "residual")
-        if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError("add_rms_norm: residual must match x's shape and dtype")
     _check_launchable(x)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     total = x if residual is None else torch.empty_like(out)
@@ -105,18 +101,8 @@ def add_rms_norm(
 def qk_norm_rope(qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
     """qk (N, H, D) (a strided view is fine), per-head weight (H, D) or None (no norm), cos, sin
     (N, 1, D) as `Rope.cos_sin` gives them -> rotated (and normalised) (N, H, D), contiguous."""
-    if qk.dim() != 3 or qk.stride(-1) != 1:
-        raise ValueError(
-            f"qk_norm_rope: qk must be (N, H, D) with unit last stride, got {qk.shape}"
-        )
+    check_qk_norm_rope(qk, weight, cos, sin)
     n, heads, head_dim = qk.shape
-    if weight is not None and (weight.shape != (heads, head_dim) or not weight.is_contiguous()):
-        raise ValueError(f"qk_norm_rope: weight must be contiguous ({heads}, {head_dim})")
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.shape != (n, 1, head_dim) or t.stride(-1) != 1 or t.dtype != qk.dtype:
-            raise ValueError(f"qk_norm_rope: {name} must be (N, 1, D) in qk's dtype")
-    if head_dim & (head_dim - 1) or head_dim < 2:
-        raise ValueError(f"qk_norm_rope: head dim must be a power of 2, got {head_dim}")
     _check_launchable(qk)
     out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)
     _qk_norm_rope_kernel[(n,)](
@@ -164,14 +150,6 @@ def qk_norm_rope_reference(
     half = qk.shape[-1] // 2
     swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)  # (N, H, D): (x2, x1)
     return qk * cos + swapped * sin
-
-
-def _check_rows(t: Tensor, name: str) -> None:
-    if t.dim() != 2 or t.stride(-1) != 1 or t.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(
-            f"add_rms_norm: {name} must be fp16/bf16 (N, C) with unit last stride, got "
-            f"{tuple(t.shape)} {t.dtype}"
-        )
 
 
 def _check_launchable(t: Tensor) -> None:

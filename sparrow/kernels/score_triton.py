@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .launch_checks import check_page_scores
 from .paged_cache import PageSummary
-from .selection import SCORE_MODES
 
 
 @triton.jit
@@ -84,8 +84,7 @@ def page_scores_triton(
     page_size: int,
 ) -> Tensor:
     """(B, H_kv, max_pages) fp32 page scores; inputs already validated by checks.py."""
-    if score not in SCORE_MODES:
-        raise ValueError(f"score must be one of {SCORE_MODES}, got {score!r}")
+    tables = check_page_scores(q, summary, score)
     if not q.is_cuda and not INTERPRETED:
         raise RuntimeError(
             "select_pages(backend='triton') on CPU needs TRITON_INTERPRET=1 set before "
@@ -93,22 +92,7 @@ def page_scores_triton(
         )
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = summary.num_kv_heads
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(
-            f"select_pages(triton): head dim must be a power of 2 >= 16, got {head_dim}"
-        )
     quest = score == "quest"
-    tables = (summary.k_min, summary.k_max) if quest else (summary.k_mean,)
-    for table in tables:
-        if (
-            table is None
-            or not table.is_contiguous()
-            or table.dtype not in (q.dtype, torch.float32)
-        ):
-            raise ValueError(
-                f"select_pages(triton): {score} scoring needs contiguous page summaries in fp32 "
-                f"or q's dtype {q.dtype}"
-            )
     if quest and not INTERPRETED and tables[0].dtype != q.dtype:
         q = q.to(tables[0].dtype)  # tl.dot takes one dtype; the summaries' is the exact one
     group = num_q_heads // num_kv_heads

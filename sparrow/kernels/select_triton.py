@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .launch_checks import MAX_PAGES, check_select_pages  # noqa: F401  (the AOT list reads it)
 from .selection import SelectedPages
 
 
@@ -91,22 +92,8 @@ def select_pages_triton(
     """scores (B, H_kv, P) fp32 (columns past a row's pages ignored), page_table (B, P) int32,
     seq_lens, budgets (B,) int32, num_selected (B,) int32 (the step plan's, returned as is),
     max_selected: slots S (>= every row's count) -> SelectedPages with physical ids."""
+    check_select_pages(scores, page_table, seq_lens, budgets, max_selected)
     batch, num_kv_heads, max_pages = scores.shape
-    if scores.dtype != torch.float32 or scores.stride(-1) != 1:
-        raise ValueError("select_pages(triton): scores must be fp32 with unit last stride")
-    if page_table.shape != (batch, max_pages) or page_table.dtype != torch.int32:
-        raise ValueError(
-            f"select_pages(triton): page_table must be int32 (B, P) = {(batch, max_pages)}, got "
-            f"{page_table.dtype} {tuple(page_table.shape)}"
-        )
-    for name, t in (("seq_lens", seq_lens), ("budgets", budgets)):
-        if t.shape != (batch,) or t.dtype != torch.int32:
-            raise ValueError(f"select_pages(triton): {name} must be int32 (B,) = ({batch},)")
-    if max(max_pages, max_selected) > MAX_PAGES:
-        raise ValueError(
-            f"select_pages(triton): at most {MAX_PAGES} pages and slots per row, got "
-            f"{max_pages} pages, {max_selected} slots"
-        )
     if not scores.is_cuda and not INTERPRETED:
         raise RuntimeError(
             "select_pages(triton) needs CUDA, or TRITON_INTERPRET=1 set before "
@@ -124,12 +111,6 @@ def select_pages_triton(
         **constexprs, num_warps=select_num_warps(constexprs["BLOCK_P"]),
     )  # fmt: skip
     return SelectedPages(logical_pages=logical, num_selected=num_selected, physical_pages=physical)
-
-
-# A row of scores lives in one program's registers: 8K pages (128K tokens at page 16) is the
-# widest that compiles without spills for sm_90 (16K spills at 16 warps); wider rows take the
-# torch choice (kernels.select_pages).
-MAX_PAGES = 8192
 
 
 def select_constexprs(page_size: int, num_sink: int, num_recent: int, width: int) -> dict:

@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .launch_checks import check_silu_mul
+
 
 @triton.jit
 def _silu_mul_kernel(
@@ -35,12 +37,7 @@ INTERPRETED = type(_silu_mul_kernel).__name__ == "InterpretedFunction"
 
 def silu_mul(gate_up: Tensor) -> Tensor:
     """gate_up (N, 2 I), gate then up along the last dim -> silu(gate) * up (N, I), contiguous."""
-    if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or gate_up.shape[1] % 2:
-        raise ValueError(
-            f"silu_mul: gate_up must be (N, 2 I) with unit last stride, got {tuple(gate_up.shape)}"
-        )
-    if gate_up.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"silu_mul: gate_up must be fp16/bf16/fp32, got {gate_up.dtype}")
+    check_silu_mul(gate_up)
     if not gate_up.is_cuda and not INTERPRETED:
         raise RuntimeError(
             "silu_mul needs CUDA, or TRITON_INTERPRET=1 set before "
