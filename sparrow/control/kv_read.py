@@ -1,5 +1,7 @@
 """The KV-read ratio: KV pages the sparse layers read over the pages a dense decode would read,
-summed over completion tokens. The one definition the trainer, calibration and experiments use."""
+summed over completion tokens; and the count of sparsely decoded tokens (those that read fewer
+pages than their context holds: the tokens a DistillSparse adapter acts on and learns from). The
+one definition the trainer, calibration and experiments use."""
 
 import torch
 from torch import Tensor
@@ -24,3 +26,13 @@ def kv_pages(budget_pages: Tensor, completion_mask: Tensor, page_size: int) -> t
 
 def kv_read_ratio(pages_read: float, pages_dense: float) -> float:
     return pages_read / max(pages_dense, 1.0)
+
+
+def sparse_tokens(budget_pages: Tensor, completion_mask: Tensor, page_size: int) -> int:
+    """Completion tokens decoded sparsely: their step read fewer pages than a dense one would.
+
+    budget_pages, completion_mask: (B, T), aligned like RolloutBatch.
+    """
+    positions = torch.arange(completion_mask.shape[1]).expand_as(completion_mask)  # (B, T)
+    sparse = budget_pages < dense_pages(positions, page_size)  # (B, T)
+    return int((sparse & completion_mask).sum())

@@ -46,6 +46,9 @@ class DistillConfig:
     grad_clip: float = 1.0  # clip the adapter's gradient 2-norm to this; 0 disables clipping
     micro_batch_size: int = 4  # sequences per sparse forward + backward
     gate: bool = True  # phi only at sparse decode steps (budget < pages); False: merged everywhere
+    # gated: the prompt prefix common to the step's rows runs once without grad, not once per
+    # row (the same loss and gradient up to fp32 round-off; SparsePolicy.shared_prefix)
+    share_prefix: bool = True
 
     def __post_init__(self):
         if self.rank < 1 or self.micro_batch_size < 1:
@@ -113,6 +116,9 @@ class DistillSparse:
         num_tokens = global_num_tokens or max(int(batch.completion_mask.sum()), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
+        prefix = None
+        if self.cfg.share_prefix:
+            prefix = self.policy.shared_prefix(batch.input_ids, batch.prompt_lens)
         # Dropout masks from a stream of the adapter's own: the same on a resumed run.
         with _seeded(self.dropout_seed + self.num_steps, self.device):
             for start in range(0, len(batch), self.cfg.micro_batch_size):
@@ -124,6 +130,7 @@ class DistillSparse:
                     batch.budget_pages[rows],
                     temperature,
                     topk_ids=dense_topk[0][rows] if use_topk else None,
+                    prefix=prefix,
                 )  # (b, T), (b, T, K) or None
                 device = logprobs.device
                 loss, metrics = distill_loss(

@@ -102,35 +102,38 @@ def page_gather_attention(
     scale: float,
     chunk: int,
 ) -> Tensor:
-    """One sparse layer: q (B, H_q, T, D), k/v (B, H_kv, T, D) fp32 post-RoPE, budgets (B, T)
-    pages per query (`query_budgets`), `chunk` query positions at a time -> (B, H_q, T, D)."""
-    batch, num_q_heads, seq_len, head_dim = q.shape
-    num_kv_heads, ps = k.shape[1], attn.page_size
+    """One sparse layer: q (B, H_q, T_q, D) the last T_q of the T positions (the first T - T_q
+    are a cached prefix, keys only), k/v (B, H_kv, T, D) fp32 post-RoPE, budgets (B, T) pages
+    per query position (`query_budgets`), `chunk` query positions at a time -> (B, H_q, T_q, D)."""
+    batch, num_q_heads, num_queries, head_dim = q.shape
+    num_kv_heads, seq_len, ps = k.shape[1], k.shape[2], attn.page_size
+    offset = seq_len - num_queries  # position of the first query
     group, num_pages = num_q_heads // num_kv_heads, -(-seq_len // ps)
     tables = page_summary_tables(k.detach(), attn)  # (B, H_kv, D, NP) each
     pad = (0, 0, 0, num_pages * ps - seq_len)
     k_rows = F.pad(k, pad).reshape(-1, ps * head_dim)  # (B * H_kv * NP, PAGE * D)
     v_rows = F.pad(v, pad).reshape(-1, ps * head_dim)
-    q_groups = q.view(batch, num_kv_heads, group, seq_len, head_dim)  # (B, H_kv, G, T, D)
+    q_groups = q.view(batch, num_kv_heads, group, num_queries, head_dim)  # (B, H_kv, G, T_q, D)
     outputs = []
-    for start in range(0, seq_len, chunk):
+    for start in range(offset, seq_len, chunk):
         end = min(start + chunk, seq_len)
         positions = torch.arange(start, end, device=q.device)  # (C,)
+        rows = slice(start - offset, end - offset)  # the chunk's queries in q
         part = _Chunk(start, end, budgets[:, start:end] < positions // ps + 1, None, None)
         if part.sparse.any():
             selected = select_query_pages(
-                q[:, :, start:end].detach(), tables, positions, budgets[:, start:end], attn
+                q[:, :, rows].detach(), tables, positions, budgets[:, start:end], attn
             )
             slots = selected.logical_pages.shape[-1]
             pages = selected.logical_pages.view(batch, end - start, num_kv_heads, slots)
             part.pages = pages.transpose(1, 2)  # (B, H_kv, C, S)
             part.num_selected = selected.num_selected.view(batch, end - start)
-        q_rows = q_groups[:, :, :, start:end].flatten(2, 3)  # (B, H_kv, G * C, D)
+        q_rows = q_groups[:, :, :, rows].flatten(2, 3)  # (B, H_kv, G * C, D)
         out = checkpoint(
             _chunk_attention, q_rows, k_rows, v_rows, part, num_pages, scale, use_reentrant=False
         )  # (B, H_kv, G * C, D)
         outputs.append(out.view(batch, num_kv_heads, group, end - start, head_dim))
-    return torch.cat(outputs, dim=3).view(batch, num_q_heads, seq_len, head_dim)
+    return torch.cat(outputs, dim=3).view(batch, num_q_heads, num_queries, head_dim)
 
 
 def query_chunk(

@@ -68,9 +68,10 @@ def query_budgets(
 
 def hf_attention(name: str, sparse_layer: Callable) -> Callable:
     """A transformers attention function named `name`: dense layers run causal SDPA, sparse
-    layers `sparse_layer(query, key, value, scaling, meta) -> (B, H_q, T, D)`. query (B, H_q, T,
-    D), key/value (B, H_kv, T, D) -> (B, T, H_q, D), fp32 inside like the engine's decode.
-    Right-padded batches need no padding mask (real queries never see a later key)."""
+    layers `sparse_layer(query, key, value, scaling, meta) -> (B, H_q, T_q, D)`. query (B, H_q,
+    T_q, D), key/value (B, H_kv, T, D) -> (B, T_q, H_q, D), fp32 inside like the engine's
+    decode. The queries are the last T_q positions: T_q < T when a prefix's K/V came from a
+    cache. Right-padded batches need no padding mask (real queries never see a later key)."""
 
     def attention(
         module,
@@ -86,9 +87,14 @@ def hf_attention(name: str, sparse_layer: Callable) -> Callable:
         if sparrow_sparse is None:
             raise ValueError(f"the {name!r} attention needs the sparrow_sparse= argument")
         if module.layer_idx in sparrow_sparse.attn.dense_layers:
+            num_queries, num_keys = query.shape[2], key.shape[2]
+            causal = None  # square: SDPA's own causal mask
+            if num_queries < num_keys:  # queries after a cached prefix: (T_q, T) key <= query
+                positions = torch.arange(num_keys, device=query.device)
+                causal = positions <= positions[num_keys - num_queries :, None]
             out = F.scaled_dot_product_attention(
-                query.float(), key.float(), value.float(), is_causal=True, scale=scaling,
-                enable_gqa=True,
+                query.float(), key.float(), value.float(), attn_mask=causal,
+                is_causal=causal is None, scale=scaling, enable_gqa=True,
             )  # fmt: skip
         else:
             out = sparse_layer(query, key, value, scaling, sparrow_sparse)  # (B, H_q, T, D)
@@ -100,7 +106,7 @@ def hf_attention(name: str, sparse_layer: Callable) -> Callable:
 def gathered_sparse_layer(
     query: Tensor, key: Tensor, value: Tensor, scaling: float, meta: SparseForwardMetadata
 ) -> Tensor:
-    """A sparse layer by page gathering, chunked over queries: (B, H_q, T, D)."""
+    """A sparse layer by page gathering, chunked over queries: (B, H_q, T_q, D)."""
     q, k, v = query.float(), key.float(), value.float()
     _, num_q_heads, _, head_dim = q.shape
     budgets = meta.query_budgets  # (B, T)

@@ -13,27 +13,49 @@ Gated mode (`gate=True`): phi acts only at sparse tokens, those whose query read
 its context holds (budget < ceil((t + 1) / PAGE)); every layer of such a position, the K/V it
 writes included, uses W + s B A, every other position W. A forward hook on each LoRA B scales its
 output by that per-position gate, which is exactly the engine's gated decode step for the token.
+
+Gated, the prompt is theta's alone (dense attention, gate 0) and gets no gradient, so the token
+prefix every row's prompt starts with (a system prompt, solved examples) can run once without grad
+(`shared_prefix`) and the rows continue from its K/V: S + B (L - S) decoder tokens instead of
+B L, the same log-probs and adapter gradient up to fp32 round-off.
 """
 
 import copy
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import Tensor
+from transformers import DynamicCache
 
 from sparrow.distill.sparse_attention import (
     SparseForwardMetadata,
     query_budgets,
     register_attention,
 )
+from sparrow.rl.policy_logprobs import cache_keyword, common_prefix_len
 from sparrow.rollout.model import hf_weight_name
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
 ADAPTER = "default"  # peft's adapter name
+
+
+@dataclass
+class SharedPrefix:
+    """The K/V of a token prefix every row's prompt starts with, computed once without grad."""
+
+    length: int  # S tokens
+    cache: DynamicCache  # batch 1, S positions in every layer
+
+    def for_rows(self, rows: int) -> DynamicCache:
+        """A cache holding the prefix for `rows` rows, for one forward to append to."""
+        cache = copy.deepcopy(self.cache)
+        cache.batch_repeat_interleave(rows)
+        return cache
 
 
 class SparsePolicy:
@@ -99,11 +121,14 @@ class SparsePolicy:
         budget_pages: Tensor,
         temperature: float,
         topk_ids: Tensor | None = None,
+        prefix: SharedPrefix | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Sparse-policy log-probs of the completion tokens, aligned as in RolloutBatch.
 
         input_ids, completion_mask, budget_pages: (B, T) of a right-padded rollout batch;
-        topk_ids: optional (B, T, K) token ids per position (the dense policy's top-K).
+        topk_ids: optional (B, T, K) token ids per position (the dense policy's top-K);
+        prefix: the rows' common prompt prefix from `shared_prefix` (gated mode), whose
+        positions are then not run again.
         Returns (B, T) fp32 log p(input_ids[:, t] | < t) at `temperature` on completion tokens,
         0 elsewhere, and (B, T, K) the log-probs of `topk_ids` at the same positions (None
         without topk_ids); both differentiable w.r.t. the adapter.
@@ -121,10 +146,23 @@ class SparsePolicy:
         )  # fmt: skip
         meta = SparseForwardMetadata(self.attn, attention_budgets)
         gate = self.sparse_positions(budgets)[..., None].float() if self.gated else None
-        with self._gated(gate):  # (B, L, 1)
-            hidden = self.model.get_decoder()(input_ids=ids, sparrow_sparse=meta).last_hidden_state
+        decoder, start, cached = self.model.get_decoder(), 0, {}
+        if prefix is not None:  # positions 0 .. S-1 come from the prefix's cache
+            start = prefix.length
+            cached = {
+                cache_keyword(decoder): prefix.for_rows(len(ids)),
+                "position_ids": torch.arange(start, used_len, device=device).expand(len(ids), -1),
+                "use_cache": True,
+            }
+            gate = None if gate is None else gate[:, start:]
+        with self._gated(gate):  # (B, L - S, 1)
+            hidden = decoder(
+                input_ids=ids[:, start:], sparrow_sparse=meta, **cached
+            ).last_hidden_state  # (B, L - S, H)
         targets = mask[:, 1:]  # (B, L - 1): hidden at t - 1 predicts the token at t
-        rows = hidden[:, :-1][targets]  # (N, H)
+        if bool(targets[:, :start].any()):
+            raise ValueError("the shared prefix reaches into a completion")
+        rows = hidden[:, :-1][targets[:, start:]]  # (N, H)
         logits = self.model.get_output_embeddings()(rows).float() / temperature  # (N, V)
         logprobs = F.log_softmax(logits, dim=-1)  # (N, V)
         picked = logprobs.gather(-1, ids[:, 1:][targets][:, None])  # (N, 1)
@@ -137,6 +175,33 @@ class SparsePolicy:
         topk_lp = logprobs.gather(-1, ids_k)  # (N, K)
         out_k = torch.zeros((*input_ids.shape, ids_k.shape[-1]), device=device)  # (B, T, K)
         return token_lp, out_k.masked_scatter(full_mask[..., None], topk_lp)
+
+    @torch.no_grad()
+    def shared_prefix(self, input_ids: Tensor, prompt_lens: Tensor) -> SharedPrefix | None:
+        """The K/V of the longest token prefix all rows' prompts start with, leaving every row at
+        least one prompt token (its query predicts the first completion token), run once under
+        theta (gate 0, dense attention, as the prompt is in `token_logprobs`). None ungated (phi
+        acts on prompts, which then need its gradient) or when no token is shared.
+
+        input_ids (B, T) right-padded rows, prompt_lens (B,)."""
+        length = common_prefix_len(input_ids, prompt_lens)
+        if not self.gated or length == 0:
+            return None
+        device = next(self.model.parameters()).device
+        positions = torch.arange(length, device=device)  # (S,)
+        dense = SparseForwardMetadata(self.attn, (positions // self.attn.page_size + 1)[None])
+        decoder = self.model.get_decoder()
+        cache = DynamicCache(config=self.model.config)
+        with self._gated(torch.zeros(1, length, 1, device=device)):
+            decoder(
+                input_ids=input_ids[:1, :length].to(device),
+                sparrow_sparse=dense,
+                use_cache=True,
+                **{cache_keyword(decoder): cache},
+            )
+        if cache.get_seq_length() != length:
+            raise RuntimeError(f"{type(decoder).__name__} did not fill the prefix's KV cache")
+        return SharedPrefix(length, cache)
 
     def sparse_positions(self, budgets: Tensor) -> Tensor:
         """(B, L) query budgets -> (B, L) bool: the query at t reads fewer pages than its

@@ -6,9 +6,9 @@
 - parity_study: learning parity of sparse (tail rule) vs dense rollouts over seeds at the
   default run's size; writes docs/parity/ (parity_table.py).
 - study_runs: the arms of a study as sparrow-train processes (shared by the two studies above).
-- distill_experiment: DistillSparse's adapter on frozen theta: paired acceptance with and without
-  it at fixed budgets, and the online controller with and without it (docs/distill/).
-- distill_budget_probe: a saved adapter at budgets other than the one it was trained at.
+- distill_study: the DistillSparse study on the trainer (theta frozen, the online controller with
+  and without the adapter, several seeds); distill_tail: a finished run's held-out tail with and
+  without its adapter, paired; distill_table: the report from docs/distill/runs (docs/distill/).
 - dense_shared_ab: dense decode of one prompt's samples, shared pages against per-row copies.
 - task_accuracy: a model's accuracy on an embedded task and the task's prompt lengths.
 - zero_signal_drift: how far AdamW moves the policy on steps whose advantages are all zero.

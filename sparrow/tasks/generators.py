@@ -1,12 +1,14 @@
 """Embedded, seeded generator of verifiable tasks: the default dataset, no downloads needed.
 
-Two families, each example a dict {"prompt": user-message text, "answer": reference string,
+Three families, each example a dict {"prompt": user-message text, "answer": reference string,
 "task", "id", "metadata"}:
 
 - `arithmetic`: "What is 7 + 34? Answer with just the number." Difficulty is set by digits per
   operand, operand count and operators. SmolLM2-135M-Instruct answers two-digit + two-digit
   additions greedily only 14% of the time (docs/DESIGN.md §5); the default mixes one- and two-digit
   operands so that accuracy sits in between and GRPO groups have reward variance.
+- `chain` (chain.py): a chain of additions and subtractions worked out one line per step: a few
+  hundred completion tokens per sample, the long-generation task of the DistillSparse study.
 - `long_context`: a filler document of a few thousand words, built from seeded sentence
   templates, with facts ("The secret number of the blue box is 37.") buried at random depths and
   a question that needs them: the setting where the sparse-attention page selection matters.
@@ -22,6 +24,8 @@ import operator
 import random
 from dataclasses import dataclass, replace
 
+from sparrow.tasks.chain import chain_example, chain_working
+
 _OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _ANSWER_FORMAT = "Answer with just the number."
 _WORKED_FORMAT = "Add the tens, then the ones, then the two sums."
@@ -29,7 +33,7 @@ _WORKED_FORMAT = "Add the tens, then the ones, then the two sums."
 
 @dataclass
 class TaskConfig:
-    kind: str = "arithmetic"  # task family: "arithmetic" or "long_context"
+    kind: str = "arithmetic"  # task family: "arithmetic", "chain" or "long_context"
     num_examples: int = 2000  # examples in the training split
     num_heldout: int = 200  # examples in the held-out split (never overlaps the training split)
     seed: int = 0  # same seed and config -> the same examples, in the same order
@@ -37,14 +41,15 @@ class TaskConfig:
     max_digits: int = 2  # arithmetic: most digits per operand (drawn uniformly per operand)
     num_operands: int = 2  # arithmetic: operands per question
     operators: str = "+"  # arithmetic: operators drawn from, any of "+-*" (no precedence tricks)
-    # arithmetic: solved examples before every question, as earlier chat turns. The same ones for
-    # every prompt (a shared prefix, like a system prompt), drawn from a seed stream of their
-    # own and never asked as questions. They give sparse attention pages to skip.
+    # arithmetic and chain: solved examples before every question, as earlier chat turns. The
+    # same ones for every prompt (a shared prefix, like a system prompt), drawn from a seed
+    # stream of their own and never asked as questions. They give sparse attention pages to skip.
     few_shot: int = 0
     # arithmetic few-shot answers: "worked" spells out the place-value steps before the sum
     # ("40 + 20 = 60, 2 + 9 = 11, 60 + 11 = 71."), a short chain of thought the model imitates;
     # "number" gives just the sum. worked needs two operands and "+".
     shot_answers: str = "worked"
+    chain_steps: int = 30  # chain: operations per question, one line of working each
     context_words: int = 2600  # long_context: mean document length in words (~1.3 tokens each)
     context_jitter: float = 0.25  # long_context: lengths uniform in context_words * (1 +- jitter)
     num_needles: int = 1  # long_context: facts the question needs; >1 asks for their sum
@@ -56,7 +61,7 @@ def generate_tasks(cfg: TaskConfig, split: str = "train") -> list[dict]:
     _validate(cfg)
     if split not in ("train", "heldout"):
         raise ValueError(f"task split must be 'train' or 'heldout', got {split!r}")
-    make = _arithmetic_example if cfg.kind == "arithmetic" else _long_context_example
+    make = _MAKERS[cfg.kind]
     shots = few_shot_examples(cfg)
     exclude = {shot["prompt"] for shot in shots}
     heldout = _draw(make, cfg, "heldout", cfg.num_heldout, exclude)
@@ -70,6 +75,8 @@ def few_shot_examples(cfg: TaskConfig) -> list[dict]:
     """The `cfg.few_shot` solved examples every prompt starts with (none for 0)."""
     if not cfg.few_shot:
         return []
+    if cfg.kind == "chain":
+        return _draw(_chain_example, cfg, "shots", cfg.few_shot, set())
     # Two-digit operands, so that every step of a worked answer shows something.
     two_digit = replace(cfg, min_digits=2, max_digits=max(2, cfg.max_digits))
     return _draw(_arithmetic_example, two_digit, "shots", cfg.few_shot, set())
@@ -82,7 +89,7 @@ def _with_shots(examples: list[dict], shots: list[dict], cfg: TaskConfig) -> lis
 
     def ask(example: dict) -> dict:
         question = example["prompt"]
-        if cfg.shot_answers == "worked":
+        if cfg.kind == "arithmetic" and cfg.shot_answers == "worked":
             question = question.replace(_ANSWER_FORMAT, _WORKED_FORMAT)
         return {"role": "user", "content": question}
 
@@ -94,6 +101,8 @@ def _with_shots(examples: list[dict], shots: list[dict], cfg: TaskConfig) -> lis
 
 
 def _shot_answer(shot: dict, style: str) -> str:
+    if shot["task"] == "chain":
+        return chain_working([tuple(step) for step in shot["metadata"]["steps"]])
     if style == "number":
         return shot["answer"]
     a, b = shot["metadata"]["operands"]
@@ -103,8 +112,8 @@ def _shot_answer(shot: dict, style: str) -> str:
 
 
 def _validate(cfg: TaskConfig) -> None:
-    if cfg.kind not in ("arithmetic", "long_context"):
-        raise ValueError(f"tasks.kind must be 'arithmetic' or 'long_context', got {cfg.kind!r}")
+    if cfg.kind not in _MAKERS:
+        raise ValueError(f"tasks.kind must be one of {sorted(_MAKERS)}, got {cfg.kind!r}")
     if cfg.num_examples < 0 or cfg.num_heldout < 0:
         raise ValueError("tasks.num_examples and tasks.num_heldout must be >= 0")
     if not 1 <= cfg.min_digits <= cfg.max_digits:
@@ -117,12 +126,15 @@ def _validate(cfg: TaskConfig) -> None:
         )
     if cfg.context_words < 1 or not 0.0 <= cfg.context_jitter < 1.0:
         raise ValueError("tasks.context_words must be >= 1 and 0 <= tasks.context_jitter < 1")
-    if cfg.few_shot < 0 or (cfg.few_shot and cfg.kind != "arithmetic"):
-        raise ValueError(f"tasks.few_shot must be >= 0, and 0 unless kind=arithmetic: {cfg}")
+    if cfg.few_shot < 0 or (cfg.few_shot and cfg.kind == "long_context"):
+        raise ValueError(f"tasks.few_shot must be >= 0, and 0 for kind=long_context: {cfg}")
+    if cfg.chain_steps < 1:
+        raise ValueError(f"tasks.chain_steps must be >= 1, got {cfg.chain_steps}")
     if cfg.shot_answers not in ("worked", "number"):
         raise ValueError(f"tasks.shot_answers must be worked or number: {cfg.shot_answers!r}")
     if (
         cfg.few_shot
+        and cfg.kind == "arithmetic"
         and cfg.shot_answers == "worked"
         and (cfg.num_operands != 2 or cfg.operators != "+")
     ):
@@ -179,6 +191,10 @@ def _arithmetic_example(cfg: TaskConfig, rng: random.Random) -> dict:
         "task": "arithmetic",
         "metadata": {"operands": operands, "operators": ops},
     }
+
+
+def _chain_example(cfg: TaskConfig, rng: random.Random) -> dict:
+    return chain_example(cfg.chain_steps, rng)
 
 
 def _long_context_example(cfg: TaskConfig, rng: random.Random) -> dict:
@@ -250,6 +266,11 @@ def _filler_sentence(rng: random.Random) -> str:
     return sentence[0].upper() + sentence[1:]
 
 
+_MAKERS = {
+    "arithmetic": _arithmetic_example,
+    "chain": _chain_example,
+    "long_context": _long_context_example,
+}
 _COLORS = ["blue", "red", "green", "yellow", "purple", "orange", "silver", "golden", "black",
            "white", "brown", "pink"]  # fmt: skip
 _CONTAINERS = ["box", "jar", "crate", "chest", "basket", "drawer", "envelope", "bag", "tin", "vase"]
@@ -304,7 +325,7 @@ _FILLER_TEMPLATES = [
 
 
 if __name__ == "__main__":
-    for kind in ("arithmetic", "long_context"):
+    for kind in _MAKERS:
         example = generate_tasks(TaskConfig(kind=kind, num_examples=1, num_heldout=0))[0]
         text = example["prompt"]
         print(f"--- {kind} ({len(text.split())} words)\n{text[:300]} ... {text[-200:]}")

@@ -7,7 +7,8 @@ deadline overrun or a non-finite score is counted in `RewardStats` and scores 0,
 reward degrades a step's signal instead of ending the run. `score_batch` scores a whole rollout
 and returns the scores as a tensor with the step's counts.
 
-Registered rewards: "math" (math_verifier.MathVerifier, the default) and "exact_match".
+Registered rewards: "math" (math_verifier.MathVerifier, the default), "exact_match", and "chain"
+(chain.chain_reward: partial credit for the chain task's working).
 """
 
 import math
@@ -19,12 +20,13 @@ from typing import Any
 
 import torch
 
+from sparrow.tasks.chain import chain_reward
 from sparrow.tasks.reward_result import RewardFn, RewardResult, RewardTimeout
 
 
 @dataclass
 class RewardConfig:
-    name: str = "math"  # registered reward: "math" or "exact_match"
+    name: str = "math"  # registered reward: "math", "exact_match" or "chain"
     timeout_s: float = 5.0  # per-completion deadline; overruns score 0 and are counted
     answer_fallback: str = (
         "last_number"  # math: without a \boxed{}, use the last number ("none": 0)
@@ -171,6 +173,7 @@ def _math_reward(cfg: RewardConfig) -> RewardFn:
 REWARDS: dict[str, Callable[[RewardConfig], RewardFn]] = {
     "math": _math_reward,
     "exact_match": lambda cfg: exact_match,
+    "chain": lambda cfg: chain_reward,
 }
 
 

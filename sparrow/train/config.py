@@ -77,6 +77,10 @@ class RLConfig:
     # (sparrow.experiments.zero_signal_drift). Skip such an update: weights and optimizer state
     # stay as they are, and the LR schedule does not advance.
     skip_no_signal: bool = True
+    # false: theta stays as loaded (no optimizer step, no weight sync to the engine) while
+    # rollouts, dense log-probs, acceptance, the controller and DistillSparse run as usual:
+    # distill-only training (sparrow.experiments.distill_study).
+    update_policy: bool = True
 
     def __post_init__(self):
         # prompts_per_step's upper bound (the data size) is checked by the prompt iterator.

@@ -54,6 +54,8 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     )
     if m.get("update/no_signal"):
         update = "no signal (all advantages 0): update skipped"
+    if m.get("update/policy_frozen"):
+        update = "policy frozen (rl.update_policy=false)"
     return (
         f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
         f"len {g('len/completion_mean', '{:.1f}')} | {update} | p5 min {g('accept/p5_min')} "

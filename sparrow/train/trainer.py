@@ -28,7 +28,7 @@ import torch
 
 from sparrow.control.controller import make_controller
 from sparrow.control.cost_model import engine_cost_config, predicted_speedup
-from sparrow.control.kv_read import kv_pages, kv_read_ratio
+from sparrow.control.kv_read import kv_pages, kv_read_ratio, sparse_tokens
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.distributed import Ranks
 from sparrow.models.loading import load_model
@@ -241,13 +241,13 @@ class GRPOTrainer(CheckpointedRun):
             update = self._policy_update(rollout.batch, dense, token_advantages, num_tokens)
         with timer("distill"):
             # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
-            # frozen base and for the engine.
-            weights = self.actor.gathered_state_dict()
+            # frozen base and for the engine; a frozen theta (rl.update_policy=false) is in both.
+            weights = self.actor.gathered_state_dict() if self.cfg.rl.update_policy else None
             distill = self._distill_update(
                 rollout.batch, dense, token_advantages, num_tokens, weights
             )
         with timer("sync"):
-            self._sync_engine(weights)
+            self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
         metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
@@ -336,6 +336,8 @@ class GRPOTrainer(CheckpointedRun):
         """One GRPO/TIS update of theta on the batch (ratios against the dense log-probs `dense`
         taken before the update), with its metrics reduced over ranks."""
         cfg = self.cfg
+        if not cfg.rl.update_policy:
+            return {"policy_frozen": 1.0}
         if cfg.rl.skip_no_signal and self.ranks.sum(token_advantages.ne(0).sum()) == 0:
             log.info("step %d: every advantage is zero, update skipped", self.step + 1)
             return {"no_signal": 1.0, "lr": self.actor.lr}
@@ -376,10 +378,12 @@ class GRPOTrainer(CheckpointedRun):
         return update | {"no_signal": 0.0}
 
     def _distill_update(self, batch, dense, token_advantages, num_tokens, weights) -> dict:
-        """DistillSparse: one adapter update on the frozen updated theta (`weights`)."""
+        """DistillSparse: one adapter update on the frozen updated theta (`weights`; None: theta
+        did not change, the adapter's base already holds it)."""
         if self.distill is None:
             return {}
-        self.distill.load_base(weights)
+        if weights is not None:
+            self.distill.load_base(weights)
         metrics = self.distill.step(
             batch,
             dense.token_logprobs,
@@ -393,22 +397,28 @@ class GRPOTrainer(CheckpointedRun):
         grad_norm = metrics.pop("distill/grad_norm")
         return self.ranks.sums(metrics) | {"distill/grad_norm": grad_norm}
 
-    def _sync_engine(self, weights: dict | None = None) -> None:
+    def _sync_engine(self, weights: dict | None = None, theta_changed: bool = True) -> None:
         """The rollout policy's weights into the engine: theta (`weights`, gathered when not
-        given); with DistillSparse also phi, unmerged and gated to sparse decode steps
-        (distill.gate), or merged into theta."""
+        given; skipped when not `theta_changed`); with DistillSparse also phi, unmerged and gated
+        to sparse decode steps (distill.gate), or merged into theta."""
         if self.distill is not None and not self.distill.cfg.gate:
             self.engine.update_weights(self.distill.merged_state_dict())
             return
-        self.engine.update_weights(weights or self.actor.gathered_state_dict())
+        if theta_changed:
+            self.engine.update_weights(weights or self.actor.gathered_state_dict())
         if self.distill is not None:
             self.engine.set_lora(self.distill.lora_factors())
 
     def _kv_read(self, batch: RolloutBatch) -> dict:
-        """Pages read by sparse layers over the pages a dense decode would read, all ranks."""
+        """Pages read by sparse layers over the pages a dense decode would read, and the tokens
+        decoded sparsely (what DistillSparse learns from), all ranks."""
         page_size = self.cfg.rollout.engine.page_size
         read, dense = kv_pages(batch.budget_pages, batch.completion_mask, page_size)
-        return {"kv_read_ratio": kv_read_ratio(self.ranks.sum(read), self.ranks.sum(dense))}
+        sparse = sparse_tokens(batch.budget_pages, batch.completion_mask, page_size)
+        return {
+            "kv_read_ratio": kv_read_ratio(self.ranks.sum(read), self.ranks.sum(dense)),
+            "rollout/sparse_tokens": self.ranks.sum(sparse),
+        }
 
     def _log_histograms(self, histograms: dict[str, list[float]]) -> None:
         for name, values in histograms.items():
