@@ -12,7 +12,13 @@ from pathlib import Path
 
 import transformers
 
-from sparrow.models.loading import SMOLLM2, TINY_FAMILIES, ModelConfig, cache_root, tiny_model_config
+from sparrow.models.loading import (
+    SMOLLM2,
+    TINY_FAMILIES,
+    ModelConfig,
+    cache_root,
+    tiny_model_config,
+)
 
 SHIPPED = Path(__file__).with_name("hf_configs")
 

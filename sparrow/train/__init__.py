@@ -15,6 +15,8 @@
     weight_guard.py    non-finite weights and update streaks stop the run
     graceful_stop.py   SIGTERM/SIGINT: finish the step, checkpoint, exit
     progress.py        the step line's elapsed time and ETA
+    memory_plan.py     bytes per phase (weights, optimizer, engine pool, prefill, decode, actor)
+    memory_fit.py      the plan against the device: size checkpointing/token budget, or refuse
 
 Reductions over ranks come from sparrow/distributed.py.
 """

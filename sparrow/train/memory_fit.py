@@ -118,10 +118,11 @@ def fit_memory(
         current = plan(cfg)
     if _peak(current) > usable and free and TOKEN_BUDGET not in pinned:
         budget = _largest_budget(cfg, plan, usable)
-        if budget is not None:
-            cfg = replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=budget))
-            changes.append(f"{TOKEN_BUDGET}={budget}")
-            current = plan(cfg)
+        if budget is None:  # not even the longest row alone: the refusal names the lengths
+            budget = _longest_row(cfg, plan)
+        cfg = replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=budget))
+        changes.append(f"{TOKEN_BUDGET}={budget}")
+        current = plan(cfg)
     if _peak(current) > usable:
         name, peak = current.peak_phase()
         knob = _actor_knob(cfg, current, pinned, _longest_row(cfg, plan))

@@ -107,15 +107,23 @@ def prefill_activation_bytes(shape: ModelShape, tokens: int, bytes_per_value: in
 
 
 def logprob_pass_bytes(
-    shape: ModelShape, tokens: int, row_tokens: int, chunk_tokens: int, bytes_per_value: int
+    shape: ModelShape,
+    tokens: int,
+    row_tokens: int,
+    prompt_tokens: int,
+    chunk_tokens: int,
+    bytes_per_value: int,
 ) -> int:
-    """A no-grad forward of `tokens` decoder tokens in rows of at most `row_tokens`: one layer's
-    activations (the training sketch of sparrow.rl.actor_memory, without the other layers),
-    HF's boolean causal mask (each query over at most a row's keys), and the lm_head chunk's fp32
-    logits, log-softmax and top-K work."""
-    per_layer = 10 * shape.hidden_size + 4 * shape.intermediate_size + 2 * shape.kv_dim
+    """A no-grad forward of `tokens` decoder tokens in rows of at most `row_tokens`: the
+    residual stream in and out of a layer and one layer's activations (the training sketch of
+    sparrow.rl.actor_memory, without the other layers), the shared prompt's K/V in every layer
+    (the completions attend to it), HF's boolean causal mask (each query over at most a row's
+    keys), and the lm_head chunk's fp32 logits, log-softmax and top-K work."""
+    per_layer = 12 * shape.hidden_size + 4 * shape.intermediate_size + 2 * shape.kv_dim
+    cache = min(prompt_tokens, tokens) * shape.num_layers * 2 * shape.kv_dim
     logits = 3 * chunk_tokens * shape.vocab_size * 4
-    return tokens * per_layer * bytes_per_value + tokens * min(tokens, row_tokens) + logits
+    values = tokens * per_layer + cache
+    return values * bytes_per_value + tokens * min(tokens, row_tokens) + logits
 
 
 def actor_micro_batch_tokens(
@@ -127,8 +135,11 @@ def actor_micro_batch_tokens(
     actor = cfg.actor
     prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
     row = prompt + cfg.rollout.max_new_tokens
-    if actor.max_tokens_per_micro_batch > 0:
-        return max(actor.max_tokens_per_micro_batch, row), "token budget"
+    budget = actor.max_tokens_per_micro_batch
+    if budget > 0:
+        if row > budget:
+            return row, f"token budget {budget}; the longest row runs alone"
+        return budget, "token budget"
     tokens = micro_batch_decoder_tokens(
         actor.micro_batch_size,
         cfg.rl.group_size,
@@ -186,7 +197,11 @@ def plan_memory(
         ),
         decode_extra=eng.max_batch_size * shape.vocab_size * 4,
         logprob_extra=logprob_pass_bytes(
-            shape, tokens, prompt + cfg.rollout.max_new_tokens, actor.logprob_chunk_tokens,
+            shape,
+            tokens,
+            prompt + cfg.rollout.max_new_tokens,
+            prompt,
+            actor.logprob_chunk_tokens,
             value_bytes,
         ),  # fmt: skip
         step_activations=micro_batch_activation_bytes(

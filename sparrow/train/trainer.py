@@ -459,11 +459,14 @@ class GRPOTrainer(CheckpointedRun):
         )  # fmt: skip
 
     def plan(self) -> str:
-        return format_plan(
-            self.cfg,
-            self.train_data.summary(),
-            self.world,
-            self.actor.model.config,
-            self.train_data.prompt_lengths(),
-            self.seeds.describe(),
-        ) + f"\n  {self.memory.line()}"
+        return (
+            format_plan(
+                self.cfg,
+                self.train_data.summary(),
+                self.world,
+                self.actor.model.config,
+                self.train_data.prompt_lengths(),
+                self.seeds.describe(),
+            )
+            + f"\n  {self.memory.line()}"
+        )
