@@ -171,6 +171,7 @@ def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int) -
         )
     if phase == "decode peak":
         return f"lower rollout.engine.max_batch_size={eng.max_batch_size}"
+    # "resident": weights, optimizer state and the engine's pool; name the larger share.
     weights = plan.actor_weights + plan.engine_weights + plan.optimizer
     if plan.kv_pool + plan.page_summaries >= weights:
         return (

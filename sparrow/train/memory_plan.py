@@ -5,8 +5,8 @@ and the resolved config, before anything large is allocated.
     plan.peak_phase(), plan.phases["actor step"]
 
 Engine and actor share one device (on a GPU the trainer moves both there; on CPU both live in host
-RAM), so every phase holds what stays resident all run — the actor's weights and optimizer state,
-the engine's weight copy, KV pool and page summaries — plus its own transient:
+RAM), so every phase holds what stays resident all run ("resident": the actor's weights and
+optimizer state, the engine's weight copy, KV pool and page summaries) plus its own transient:
 
 - prefill peak: one prefill step's activations (the longest prompt, or max_prefill_tokens);
 - decode peak: the sampler's fp32 logits of a full batch;
@@ -30,7 +30,7 @@ from sparrow.train.config import SparrowConfig
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PHASES = ("engine resident", "prefill peak", "decode peak", "actor log-probs", "actor step")
+PHASES = ("resident", "prefill peak", "decode peak", "actor log-probs", "actor step")
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class MemoryPlan:
 
     @property
     def engine_resident(self) -> int:
-        """What the trainer holds once the engine is built: both weight copies and the pool."""
+        """What the trainer holds once the engine is built, before the optimizer's state exists:
+        both weight copies and the pool (the GPU rehearsal's "engine resident")."""
         engine = self.engine_weights + self.kv_pool + self.page_summaries + self.dense_copies
         return self.actor_weights + engine
 
@@ -60,7 +61,7 @@ class MemoryPlan:
         """Phase -> bytes held at its peak (the optimizer state stays resident throughout)."""
         base = self.engine_resident + self.optimizer
         return {
-            "engine resident": base,
+            "resident": base,
             "prefill peak": base + self.prefill_extra,
             "decode peak": base + self.decode_extra,
             "actor log-probs": base + self.logprob_extra,
@@ -72,15 +73,17 @@ class MemoryPlan:
 
     def table(self, device_bytes: int, device_name: str) -> str:
         """The per-phase table printed by a dry run, against the device's memory."""
-        rows = [
-            ("weights (actor + engine)", self.actor_weights + self.engine_weights),
-            ("optimizer state", self.optimizer),
+        parts = [
+            ("actor weights", self.actor_weights),
+            ("engine weights", self.engine_weights),
             ("KV pool + page summaries", self.kv_pool + self.page_summaries + self.dense_copies),
-            *self.phases.items(),
+            ("engine resident", self.engine_resident),
+            ("optimizer state", self.optimizer),
         ]
-        lines = [f"memory plan ({device_name}: {device_bytes / GiB:.1f} GiB)"]
-        for name, value in rows:
-            lines.append(f"  {name:<26} {value / GiB:8.2f} GiB")
+        lines = [f"memory plan ({device_name}: {device_bytes / GiB:.1f} GiB)", "  parts:"]
+        lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in parts]
+        lines.append("  held at each phase's peak (resident: engine resident + optimizer state):")
+        lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in self.phases.items()]
         return "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ def test_dry_run_refuses_a_plan_over_the_device_naming_the_phase(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
-    assert "memory plan does not fit: engine resident needs" in lines[0]
+    assert "memory plan does not fit: resident needs" in lines[0]
     assert "memory.device_gib 80.0 GiB" in lines[0] and "actor.zero_stage" in lines[0]
 
 

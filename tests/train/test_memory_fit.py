@@ -103,7 +103,7 @@ def test_memory_fit_false_refuses_instead_of_sizing():
 
 def test_an_engine_phase_over_the_device_names_its_knob():
     c = cfg(num_pages=1 << 16)
-    with pytest.raises(MemoryRefused, match=r"engine resident needs .*rollout.engine.num_pages"):
+    with pytest.raises(MemoryRefused, match=r"resident needs .*rollout.engine.num_pages"):
         fit(c, plan_memory(c, SHAPE, 1, False, PROMPT).kv_pool)
 
 

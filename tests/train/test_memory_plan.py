@@ -65,7 +65,7 @@ def test_tiny_plan_by_hand():
     assert plan.actor_tokens == 2 * 40 + 4 * 32
     assert plan.step_activations == micro_batch_activation_bytes(TINY, 208, False, 1024, 4)
     resident = 2 * 4 * params + plan.kv_pool + plan.page_summaries + plan.dense_copies
-    assert plan.phases["engine resident"] == resident + 8 * params
+    assert plan.phases["resident"] == resident + 8 * params
     assert plan.phases["actor step"] == resident + 8 * params + 4 * params + plan.step_activations
 
 
