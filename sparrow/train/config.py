@@ -128,7 +128,9 @@ class SparrowConfig:
     # refuse: resuming a run dir whose stored config differs in a key that changes the run
     # (model, data, batch shape, optimizer, loss) stops with the list; allow: resume anyway.
     resume_mismatch: str = "refuse"
-    dry_run: bool = False  # load model and data, print the plan, stop before training
+    # Print the plan and the memory plan per phase, stop before training: model and data loaded
+    # when the model is on disk, else from its config alone (sparrow/models/model_config.py).
+    dry_run: bool = False
 
     def __post_init__(self):
         if self.resume not in RESUME_MODES and not os.path.isdir(self.resume):
