@@ -197,11 +197,12 @@ def _actor_knob(cfg: SparrowConfig, plan: MemoryPlan, pinned: frozenset[str], ro
             f"tokens, is one micro-batch), or raise actor.zero_stage={cfg.actor.zero_stage} or "
             "the ranks"
         )
+    text = " or ".join(advice)
     if not cfg.memory.fit:
-        advice.append("or let memory.fit=true size them")
+        text += ", or let memory.fit=true size them"
     elif pinned & {CHECKPOINTING, TOKEN_BUDGET}:
-        advice.append("(set on the command line, so not sized)")
-    return " ".join(advice) if len(advice) > 1 else advice[0]
+        text += " (set on the command line, so not sized)"
+    return text
 
 
 def _kib_fields(path: str) -> dict[str, int]:
