@@ -12,7 +12,8 @@ setup(
     ),
     packages=find_packages(include=["sparrow", "sparrow.*"]),
     # The CPU decode kernel's source, compiled on first use (sparrow/kernels/decode_cpu.py).
-    package_data={"sparrow.kernels": ["decode_cpu.cpp"]},
+    # The Qwen3 configs a dry run plans from when the weights are not on disk.
+    package_data={"sparrow.kernels": ["decode_cpu.cpp"], "sparrow.models": ["hf_configs/*.json"]},
     python_requires=">=3.10",
     install_requires=[
         # Pinned so that a CPU box takes the local CPU wheel and a GPU box the CUDA build.

@@ -72,18 +72,55 @@ def _train(argv: list[str] | None) -> int:
         except RunDirBusy as err:
             raise UserError(one_line(err)) from err
     try:
-        return _run_or_lost_rank(cfg)
+        return _run_or_lost_rank(cfg, _pinned(argv))
     finally:
         lock.release()
 
 
-def _run_or_lost_rank(cfg) -> int:
+def _pinned(argv: list[str]) -> frozenset[str]:
+    """The config keys set on the command line: the memory fit leaves them as set."""
+    return frozenset(a.lstrip("+~").split("=", 1)[0] for a in argv if "=" in a)
+
+
+def _dry_run_from_config(cfg, pinned: frozenset[str]) -> int | None:
+    """A dry run of a model that is not on disk: the memory plan from its config alone (the HF
+    cache's or a shipped one), per phase against the device; None when the model is on disk
+    (the trainer then loads it and the data, and plans from both). Sizes as the run would."""
+    from sparrow.models.model_config import read_model_config
+    from sparrow.models.shape import ModelShape
+    from sparrow.train.memory_fit import MemoryRefused, device_memory, fit_memory
+    from sparrow.train.memory_plan import targets_gpu
+
+    try:
+        config, source = read_model_config(cfg.model)
+    except ValueError as err:
+        raise UserError(one_line(err)) from err
+    if not source.startswith("shipped"):
+        return None
+    on_gpu = targets_gpu(cfg)
+    device = device_memory(cfg.memory, on_gpu)
+    shape = ModelShape.from_hf_config(config)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    print(f"sparrow-train: dry run of {cfg.model.name} from its config ({source}; no weights or "
+          f"data loaded: prompts taken at data.max_prompt_tokens={cfg.data.max_prompt_tokens}), "
+          f"{world} rank(s), ZeRO-{cfg.actor.zero_stage}")  # fmt: skip
+    try:
+        fitted = fit_memory(cfg, shape, world, on_gpu, device, pinned)
+    except MemoryRefused as err:
+        print(err.plan.table(device.bytes, device.name))
+        raise UserError(one_line(err)) from err
+    print(fitted.plan.table(device.bytes, device.name))
+    print(fitted.line())
+    return 0
+
+
+def _run_or_lost_rank(cfg, pinned: frozenset[str]) -> int:
     from sparrow.distributed import lost_peer
     from sparrow.malloc import tune_cpu_allocator
 
     tune_cpu_allocator()
     try:
-        return _run(cfg)
+        return _run(cfg, pinned)
     except (RuntimeError, Interrupted) as err:
         # torchrun SIGTERMs the other ranks right after one dies: that signal (or the
         # Interrupted it already raised on the way here) must not hide the cause.
@@ -102,16 +139,20 @@ def _run_or_lost_rank(cfg) -> int:
         return LOST_RANK_EXIT
 
 
-def _run(cfg) -> int:
+def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
     from sparrow.train.graceful_stop import StopRequested
     from sparrow.train.run_config import ResumeMismatch
     from sparrow.train.trainer import GRPOTrainer
     from sparrow.train.weight_guard import NonFiniteStreak, NonFiniteWeights
 
+    if cfg.dry_run:
+        code = _dry_run_from_config(cfg, pinned)
+        if code is not None:
+            return code
     # A signal before the loop has no step to finish: stop at once (fit guards its own start).
     with stop_at_once("start-up", STARTUP_ADVICE):
         try:
-            trainer = GRPOTrainer(cfg)
+            trainer = GRPOTrainer(cfg, pinned=pinned)
         except OSError as err:
             model_not_found(err, "model.name", cfg.model.name)
             raise
@@ -119,6 +160,8 @@ def _run(cfg) -> int:
             raise UserError(one_line(err)) from err
     if cfg.dry_run:
         print(trainer.plan())
+        memory = trainer.memory
+        print(memory.plan.table(memory.device.bytes, memory.device.name))
         print("dry run: model and data loaded, stopping before training")
         return 0
     try:

@@ -21,6 +21,8 @@
     policy_export.py   the final policy/ written through policy.tmp and a rename
     context_room.py    the tokens a prompt may take (KV pool, position limit) and the knob to name
     progress.py        the step line's elapsed time and ETA
+    memory_plan.py     bytes per phase (weights, optimizer, engine pool, prefill, decode, actor)
+    memory_fit.py      the plan against the device: size checkpointing/token budget, or refuse
 
 Reductions over ranks come from sparrow/distributed.py.
 """

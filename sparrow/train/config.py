@@ -98,6 +98,26 @@ class RLConfig:
             )
 
 
+@dataclass
+class MemoryConfig:
+    """How the run's memory plan (sparrow/train/memory_plan.py) meets the device before step 1."""
+
+    # The device's memory in GiB; null: measured (GPU: free device memory; CPU: host RAM
+    # available to this process), or the H200's 139 GiB when a GPU config has no GPU (a dry run).
+    device_gib: float | None = None
+    headroom: float = 0.1  # share of the device the plan leaves free (allocator, runtime, caches)
+    # Turn on actor.activation_checkpointing and lower actor.max_tokens_per_micro_batch until the
+    # plan fits (knobs set on the command line stay as set); false: refuse a plan that does not.
+    fit: bool = True
+
+    def __post_init__(self):
+        if not 0 <= self.headroom < 1 or (self.device_gib is not None and self.device_gib <= 0):
+            raise ValueError(
+                f"memory.headroom must be in [0, 1) and memory.device_gib > 0, got "
+                f"{self.headroom} and {self.device_gib}"
+            )
+
+
 RESUME_MODES = ("auto", "never")  # or a checkpoint path
 
 
@@ -113,6 +133,7 @@ class SparrowConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)  # the dense policy's trainer
     distill: DistillConfig = field(default_factory=DistillConfig)  # LoRA for the sparse policy
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)  # the plan against the device
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
     # The root of every random stream: sampling, prompt order, evaluation, DistillSparse, the
     # global generators (sparrow/train/run_seeds.py); a component's own seed set explicitly wins.
@@ -121,7 +142,9 @@ class SparrowConfig:
     # refuse: resuming a run dir whose stored config differs in a key that changes the run
     # (model, data, batch shape, optimizer, loss) stops with the list; allow: resume anyway.
     resume_mismatch: str = "refuse"
-    dry_run: bool = False  # load model and data, print the plan, stop before training
+    # Print the plan and the memory plan per phase, stop before training: model and data loaded
+    # when the model is on disk, else from its config alone (sparrow/models/model_config.py).
+    dry_run: bool = False
 
     def __post_init__(self):
         if self.resume not in RESUME_MODES and not os.path.isdir(self.resume):

@@ -7,10 +7,11 @@ import torch
 
 from sparrow.distributed import Ranks
 from sparrow.models.shape import ModelShape
-from sparrow.rl.actor_memory import micro_batch_activation_bytes, micro_batch_decoder_tokens
+from sparrow.rl.actor_memory import micro_batch_activation_bytes
 from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores
 from sparrow.train.config import SparrowConfig
+from sparrow.train.memory_plan import actor_micro_batch_tokens
 
 
 def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ranks) -> dict:
@@ -123,19 +124,7 @@ def actor_plan(
     `longest_prompt` and `common_prefix` come from the dataset; without them the row is sized at
     data.max_prompt_tokens, which overstates a short-prompt run by the ratio of the two."""
     actor = cfg.actor
-    if actor.max_tokens_per_micro_batch > 0:
-        tokens, how = actor.max_tokens_per_micro_batch, "token budget"
-    else:
-        tokens = micro_batch_decoder_tokens(
-            actor.micro_batch_size,
-            cfg.rl.group_size,
-            cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt,
-            cfg.rollout.max_new_tokens,
-            common_prefix,
-            actor.share_prompts,
-            actor.share_prefix,
-        )
-        how = f"{actor.micro_batch_size} rows at most"
+    tokens, how = actor_micro_batch_tokens(cfg, longest_prompt, common_prefix)
     bf16 = actor.precision == "bf16" or (actor.precision == "auto" and torch.cuda.is_available())
     peak = micro_batch_activation_bytes(
         ModelShape.from_hf_config(model_config),

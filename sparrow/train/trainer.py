@@ -49,6 +49,8 @@ from sparrow.train.context_room import context_room
 from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.interruption import STARTUP_ADVICE, stop_at_once
+from sparrow.train.memory_fit import Fitted, device_memory, fit_memory
+from sparrow.train.memory_plan import GiB
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_export import export_policy
@@ -77,9 +79,10 @@ class Rollout:
 
 
 class GRPOTrainer(CheckpointedRun):
-    def __init__(self, cfg: SparrowConfig, make_actor=None):
+    def __init__(self, cfg: SparrowConfig, make_actor=None, pinned: frozenset[str] = frozenset()):
         """`make_actor(model, cfg.actor)`: the dense policy's trainer, by default DenseActor
-        (DeepSpeed, imported only then); tests pass a plain-torch one with the same interface."""
+        (DeepSpeed, imported only then); tests pass a plain-torch one with the same interface.
+        `pinned`: config keys the user set explicitly, which the memory fit leaves as set."""
         if make_actor is None:
             from sparrow.rl.actor import DenseActor
 
@@ -111,6 +114,10 @@ class GRPOTrainer(CheckpointedRun):
             )
         except PromptsTooLong as err:
             raise room.too_long(err) from err
+        # The memory plan against the device before the engine's pool or the optimizer exist:
+        # sized actor knobs replace the configured ones for the whole run, or the run stops here.
+        self.memory = self._fit_memory(loaded.model.config, pinned)
+        cfg = self.cfg = self.memory.cfg
         if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
@@ -452,12 +459,32 @@ class GRPOTrainer(CheckpointedRun):
             print(format_eval_line(self.step, result), flush=True)
         return result
 
+    def _fit_memory(self, model_config, pinned: frozenset[str]) -> Fitted:
+        """fit_memory for this rank. Ranks on one host share its RAM: on CPU each plans for its
+        share; the figure is rounded down to whole GiB so that ranks measuring a few MB apart
+        size alike (sizing must agree: ranks take their micro-batches in step)."""
+        cfg = self.cfg
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        on_gpu = torch.cuda.is_available()
+        device = device_memory(cfg.memory, on_gpu)
+        if not on_gpu:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            device = replace(device, bytes=device.bytes // local // GiB * GiB)
+        longest, prefix = self.train_data.prompt_lengths()
+        return fit_memory(
+            cfg, ModelShape.from_hf_config(model_config), world, on_gpu, device, pinned,
+            longest, prefix,
+        )  # fmt: skip
+
     def plan(self) -> str:
-        return format_plan(
-            self.cfg,
-            self.train_data.summary(),
-            self.world,
-            self.actor.model.config,
-            self.train_data.prompt_lengths(),
-            self.seeds.describe(),
+        return (
+            format_plan(
+                self.cfg,
+                self.train_data.summary(),
+                self.world,
+                self.actor.model.config,
+                self.train_data.prompt_lengths(),
+                self.seeds.describe(),
+            )
+            + f"\n  {self.memory.line()}"
         )

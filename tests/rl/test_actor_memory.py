@@ -32,7 +32,9 @@ def test_plan_line_states_the_micro_batch_and_its_estimate():
 
     cfg = load_config(["preset=qwen3_1p7b_gpu"])
     line = actor_plan(cfg, QWEN3_1P7B)
-    assert "<= 32768 tokens (token budget)" in line and "checkpointing on" in line
+    # The longest row (8192-token prompt + 32768 new tokens) exceeds the budget and runs alone.
+    assert "<= 40960 tokens (token budget 32768; the longest row runs alone)" in line
+    assert "checkpointing on" in line
     assert "GiB each" in line
 
 

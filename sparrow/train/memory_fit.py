@@ -1,0 +1,219 @@
+"""Before the first rollout: the memory plan against the device's memory, and the actor knobs it
+may change so that the plan fits, or a one-line refusal naming the phase and the knob.
+
+    device = device_memory(cfg.memory, on_gpu=True)
+    fitted = fit_memory(cfg, shape, world=1, on_gpu=True, device=device)  # or MemoryRefused
+    fitted.cfg, fitted.line()
+
+Only two knobs are sized, those that change memory and not the run's result: the actor's
+activation checkpointing (recomputes layers in backward) and its token budget per micro-batch
+(the GRPO loss is a sum over tokens, however the batch is cut). A knob the user set on the
+command line (`pinned`) stays as set. Everything else (KV pool, prefill size, ZeRO stage,
+ranks) changes what runs or where, and is named in the refusal instead.
+"""
+
+import os
+from dataclasses import dataclass, replace
+
+from sparrow.models.shape import ModelShape
+from sparrow.train.config import MemoryConfig, SparrowConfig
+from sparrow.train.memory_plan import GiB, MemoryPlan, plan_memory
+
+H200_BYTES = 139 * GiB
+CHECKPOINTING = "actor.activation_checkpointing"
+TOKEN_BUDGET = "actor.max_tokens_per_micro_batch"
+_ACTOR_PHASES = ("actor log-probs", "actor step")  # what the sized knobs change
+_BUDGET_STEP = 256  # a sized token budget is a multiple of this
+
+
+class MemoryRefused(ValueError):
+    """The plan does not fit the device and cannot be sized to; str() is one line, `plan` the
+    last plan tried."""
+
+    def __init__(self, message: str, plan: MemoryPlan):
+        super().__init__(message)
+        self.plan = plan
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    bytes: int  # what the run may use, headroom not yet taken off
+    name: str  # where the figure comes from, for the plan line
+    headroom: float
+
+    @property
+    def usable(self) -> int:
+        return int(self.bytes * (1 - self.headroom))
+
+
+@dataclass(frozen=True)
+class Fitted:
+    cfg: SparrowConfig  # the run's config with the sized actor knobs
+    plan: MemoryPlan
+    device: DeviceMemory
+    changes: tuple[str, ...]  # "key=value" of each knob sized
+
+    def line(self) -> str:
+        """The plan line: the peak phase against the device, and what was sized."""
+        name, peak = self.plan.peak_phase()
+        text = (
+            f"memory: peak {peak / GiB:.1f} GiB ({name}) of {self.device.usable / GiB:.1f} GiB "
+            f"usable ({self.device.name} {self.device.bytes / GiB:.1f} GiB, "
+            f"{self.device.headroom:.0%} kept free)"
+        )
+        if self.changes:
+            text += "; sized to fit: " + ", ".join(self.changes)
+        return text
+
+
+def device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
+    """memory.device_gib when set; else the GPU's free memory, the H200's when a GPU run is
+    planned without a GPU, or on CPU the host RAM available plus what this process holds already
+    (the loaded weights are part of the plan)."""
+    import torch
+
+    if cfg.device_gib is not None:
+        return DeviceMemory(int(cfg.device_gib * GiB), "memory.device_gib", cfg.headroom)
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return DeviceMemory(free + torch.cuda.memory_allocated(), "GPU free", cfg.headroom)
+    if on_gpu:
+        return DeviceMemory(H200_BYTES, "H200 (no GPU here)", cfg.headroom)
+    meminfo = _kib_fields("/proc/meminfo")
+    own = _kib_fields("/proc/self/status").get("VmRSS", 0)
+    return DeviceMemory((meminfo["MemAvailable"] + own) * 1024, "host RAM", cfg.headroom)
+
+
+def fit_memory(
+    cfg: SparrowConfig,
+    shape: ModelShape,
+    world: int,
+    on_gpu: bool,
+    device: DeviceMemory,
+    pinned: frozenset[str] = frozenset(),
+    longest_prompt: int | None = None,
+    common_prefix: int = 0,
+) -> Fitted:
+    """The plan of `cfg` if it fits `device`; else `cfg` with checkpointing on and then the
+    largest token budget that fits (each unless pinned or memory.fit=false); else MemoryRefused
+    naming the phase over the device and the knob to change."""
+
+    def plan(c: SparrowConfig) -> MemoryPlan:
+        return plan_memory(c, shape, world, on_gpu, longest_prompt, common_prefix)
+
+    usable = device.usable
+    current = plan(cfg)
+    changes: list[str] = []
+    if _peak(current) <= usable:
+        return Fitted(cfg, current, device, ())
+    # What the actor knobs cannot shrink must fit first: the engine's phases.
+    for name, peak in current.phases.items():
+        if name not in _ACTOR_PHASES and peak > usable:
+            knob = _engine_knob(name, current, cfg, world)
+            raise MemoryRefused(_refusal(name, peak, device, knob), current)
+    free = cfg.memory.fit
+    if free and CHECKPOINTING not in pinned and not cfg.actor.activation_checkpointing:
+        cfg = replace(cfg, actor=replace(cfg.actor, activation_checkpointing=True))
+        changes.append(f"{CHECKPOINTING}=true")
+        current = plan(cfg)
+    if _peak(current) > usable and free and TOKEN_BUDGET not in pinned:
+        budget = _largest_budget(cfg, plan, usable)
+        if budget is None:  # not even the longest row alone: the refusal names the lengths
+            budget = _longest_row(cfg, plan)
+        cfg = replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=budget))
+        changes.append(f"{TOKEN_BUDGET}={budget}")
+        current = plan(cfg)
+    if _peak(current) > usable:
+        name, peak = current.peak_phase()
+        knob = _actor_knob(cfg, current, pinned, _longest_row(cfg, plan))
+        raise MemoryRefused(_refusal(name, peak, device, knob), current)
+    return Fitted(cfg, current, device, tuple(changes))
+
+
+def _longest_row(cfg: SparrowConfig, plan) -> int:
+    """Tokens of the longest row, which runs alone however small the budget."""
+    return plan(replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=1))).actor_tokens
+
+
+def _largest_budget(cfg: SparrowConfig, plan, usable: int) -> int | None:
+    """The largest token budget (a multiple of _BUDGET_STEP, at least the longest row) whose
+    plan fits; None if even the longest row's does not."""
+    row = _longest_row(cfg, plan)
+    if _peak(plan(replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=row)))) > usable:
+        return None
+    low, high = row, max(row, plan(cfg).actor_tokens)  # low fits, high does not
+    while high - low > _BUDGET_STEP:
+        mid = (low + high) // 2
+        sized = replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=mid))
+        low, high = (mid, high) if _peak(plan(sized)) <= usable else (low, mid)
+    return max(row, low // _BUDGET_STEP * _BUDGET_STEP)
+
+
+def _peak(plan: MemoryPlan) -> int:
+    return plan.peak_phase()[1]
+
+
+def _refusal(phase: str, peak: int, device: DeviceMemory, knob: str) -> str:
+    return (
+        f"memory plan does not fit: {phase} needs {peak / GiB:.1f} GiB of "
+        f"{device.usable / GiB:.1f} GiB usable ({device.name} {device.bytes / GiB:.1f} GiB, "
+        f"{device.headroom:.0%} kept free): {knob}"
+    )
+
+
+def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int) -> str:
+    eng = cfg.rollout.engine
+    if phase == "prefill peak":
+        return (
+            f"lower rollout.engine.max_prefill_tokens={eng.max_prefill_tokens} or "
+            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} (prefill "
+            f"{plan.prefill_extra / GiB:.1f} GiB)"
+        )
+    if phase == "decode peak":
+        return f"lower rollout.engine.max_batch_size={eng.max_batch_size}"
+    # "resident": weights, optimizer state and the engine's pool; name the larger share.
+    weights = plan.actor_weights + plan.engine_weights + plan.optimizer
+    if plan.kv_pool + plan.page_summaries >= weights:
+        return (
+            f"lower rollout.engine.num_pages={eng.num_pages} (KV pool and page summaries "
+            f"{(plan.kv_pool + plan.page_summaries) / GiB:.1f} GiB)"
+        )
+    return (
+        f"raise actor.zero_stage={cfg.actor.zero_stage} or the ranks ({world}), or use a smaller "
+        f"model (weights and optimizer state {weights / GiB:.1f} GiB)"
+    )
+
+
+def _actor_knob(cfg: SparrowConfig, plan: MemoryPlan, pinned: frozenset[str], row: int) -> str:
+    advice = []
+    if not cfg.actor.activation_checkpointing:
+        advice.append(f"set {CHECKPOINTING}=true")
+    if plan.actor_tokens > row:
+        advice.append(f"lower {TOKEN_BUDGET} (plans {plan.actor_tokens} tokens per micro-batch)")
+    else:
+        advice.append(
+            f"lower rollout.max_new_tokens={cfg.rollout.max_new_tokens} or "
+            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} (the longest row, {row} "
+            f"tokens, is one micro-batch), or raise actor.zero_stage={cfg.actor.zero_stage} or "
+            "the ranks"
+        )
+    text = " or ".join(advice)
+    if not cfg.memory.fit:
+        text += ", or let memory.fit=true size them"
+    elif pinned & {CHECKPOINTING, TOKEN_BUDGET}:
+        text += " (set on the command line, so not sized)"
+    return text
+
+
+def _kib_fields(path: str) -> dict[str, int]:
+    """`Name:   1234 kB` lines of a /proc file, in KiB."""
+    fields = {}
+    if not os.path.exists(path):
+        return {"MemAvailable": 0}
+    with open(path) as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                fields[key] = int(parts[0])
+    return fields

@@ -1,0 +1,126 @@
+"""Sizing to the device (sparrow/train/memory_fit.py): what is changed, in which order, what is
+left as the user set it, and the one-line refusals naming the phase and the knob."""
+
+from dataclasses import replace
+
+import pytest
+
+from sparrow.models.loading import tiny_model_config
+from sparrow.models.shape import ModelShape
+from sparrow.rl.actor_config import ActorConfig
+from sparrow.rollout.engine import EngineConfig
+from sparrow.train.config import MemoryConfig, RLConfig, RolloutConfig, SparrowConfig
+from sparrow.train.memory_fit import (
+    CHECKPOINTING,
+    TOKEN_BUDGET,
+    DeviceMemory,
+    MemoryRefused,
+    device_memory,
+    fit_memory,
+)
+from sparrow.train.memory_plan import GiB, plan_memory
+
+SHAPE = ModelShape.from_hf_config(tiny_model_config("qwen3"))
+PROMPT = 1000  # longest prompt; rows of 1000 + 512 tokens
+
+
+def cfg(num_pages=256, fit=True, **actor) -> SparrowConfig:
+    return SparrowConfig(
+        rollout=RolloutConfig(
+            engine=EngineConfig(num_pages=num_pages, max_prefill_tokens=1024), max_new_tokens=512
+        ),
+        rl=RLConfig(group_size=8),
+        actor=ActorConfig(
+            **({"zero_stage": 0, "precision": "fp32", "micro_batch_size": 48} | actor)
+        ),  # fmt: skip
+        memory=MemoryConfig(fit=fit),
+    )
+
+
+def peak(c: SparrowConfig) -> int:
+    return plan_memory(c, SHAPE, 1, False, PROMPT).peak_phase()[1]
+
+
+def device(nbytes: int) -> DeviceMemory:
+    return DeviceMemory(nbytes, "test device", headroom=0.0)
+
+
+def fit(c: SparrowConfig, nbytes: int, pinned=frozenset()):
+    return fit_memory(c, SHAPE, 1, False, device(nbytes), pinned, PROMPT)
+
+
+def test_a_plan_that_fits_is_left_alone():
+    c = cfg()
+    fitted = fit(c, peak(c))
+    assert fitted.cfg == c and fitted.changes == ()
+    assert "sized" not in fitted.line()
+
+
+def test_checkpointing_first_when_it_is_enough():
+    c = cfg()
+    checkpointed = peak(replace(c, actor=replace(c.actor, activation_checkpointing=True)))
+    assert checkpointed < peak(c)
+    fitted = fit(c, checkpointed)
+    assert fitted.cfg.actor.activation_checkpointing
+    assert fitted.cfg.actor.max_tokens_per_micro_batch == 0
+    assert fitted.changes == (f"{CHECKPOINTING}=true",)
+    assert f"sized to fit: {CHECKPOINTING}=true" in fitted.line()
+
+
+def test_then_the_largest_token_budget_that_fits():
+    c = cfg()
+    on = replace(c, actor=replace(c.actor, activation_checkpointing=True))
+    row = replace(on, actor=replace(on.actor, max_tokens_per_micro_batch=PROMPT + 512))
+    limit = (peak(row) + peak(on)) // 2  # the longest row fits, 48 rows do not
+    fitted = fit(c, limit)
+    budget = fitted.cfg.actor.max_tokens_per_micro_batch
+    assert fitted.changes == (f"{CHECKPOINTING}=true", f"{TOKEN_BUDGET}={budget}")
+    assert budget % 256 == 0 and budget >= PROMPT + 512
+    assert fitted.plan.peak_phase()[1] <= limit
+    larger = replace(on, actor=replace(on.actor, max_tokens_per_micro_batch=budget + 256))
+    assert peak(larger) > limit
+
+
+def test_a_knob_set_on_the_command_line_is_not_sized():
+    c = cfg()
+    checkpointed = peak(replace(c, actor=replace(c.actor, activation_checkpointing=True)))
+    fitted = fit(c, checkpointed, pinned=frozenset({CHECKPOINTING}))
+    assert not fitted.cfg.actor.activation_checkpointing  # the budget was lowered instead
+    assert fitted.changes[0].startswith(f"{TOKEN_BUDGET}=")
+    with pytest.raises(MemoryRefused) as err:
+        fit(c, checkpointed, pinned=frozenset({CHECKPOINTING, TOKEN_BUDGET}))
+    message = str(err.value)
+    assert "\n" not in message
+    assert "actor step needs" in message and TOKEN_BUDGET in message and CHECKPOINTING in message
+    assert "set on the command line" in message
+
+
+def test_memory_fit_false_refuses_instead_of_sizing():
+    c = cfg(fit=False)
+    with pytest.raises(MemoryRefused, match="actor step needs .*memory.fit=true"):
+        fit(c, peak(c) - 1)
+
+
+def test_an_engine_phase_over_the_device_names_its_knob():
+    c = cfg(num_pages=1 << 16)
+    with pytest.raises(MemoryRefused, match=r"resident needs .*rollout.engine.num_pages"):
+        fit(c, plan_memory(c, SHAPE, 1, False, PROMPT).kv_pool)
+
+
+def test_a_longest_row_over_the_device_names_the_lengths():
+    c = cfg()
+    on = replace(c, actor=replace(c.actor, activation_checkpointing=True))
+    row = replace(on, actor=replace(on.actor, max_tokens_per_micro_batch=PROMPT + 512))
+    with pytest.raises(MemoryRefused, match=r"lower rollout.max_new_tokens=512 .*1512 tokens"):
+        fit(c, peak(row) - 1)
+
+
+def test_device_memory_sources(monkeypatch):
+    assert device_memory(MemoryConfig(device_gib=80), on_gpu=True).bytes == 80 * GiB
+    gpu = device_memory(MemoryConfig(), on_gpu=True)  # no GPU here: the H200
+    assert gpu.bytes == 139 * GiB and "H200" in gpu.name
+    host = device_memory(MemoryConfig(headroom=0.25), on_gpu=False)
+    meminfo = open("/proc/meminfo").read()
+    available = int(meminfo.split("MemAvailable:")[1].split()[0]) * 1024
+    assert host.name == "host RAM" and host.bytes > available // 2
+    assert host.usable == int(host.bytes * 0.75)
