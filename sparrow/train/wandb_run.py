@@ -1,5 +1,5 @@
 """The run's W&B side: init (online falls back to offline), the step axis and run-table summaries
-(`define_metric`), rows as W&B takes them, and the heat map's table.
+(`define_metric`, by exact name), rows as W&B takes them, and the heat map's table.
 
 W&B online without an API key or without network falls back to offline with a warning, so a run
 never dies because a dashboard is unreachable. `step` is declared the x axis of every metric,
@@ -9,6 +9,7 @@ step, the panel `p5_heatmap` of sparrow/train/panels.py) reads a table of every 
 from the run summary, re-logged every `heatmap_every` steps and at the end.
 """
 
+import fnmatch
 import logging
 import os
 from dataclasses import dataclass
@@ -56,11 +57,25 @@ class WandbRun:
         self.cfg = cfg
         self.run = _init(cfg, run_dir, config_dict)
         self._heatmap: dict[int, list[tuple[int, float]]] = {}  # step -> [(bin, p5)]
+        self._defined = {STEP_KEY}
         self.run.define_metric(STEP_KEY, hidden=True)
-        # W&B applies the first glob a key matches: the summaries before the catch-all.
-        for glob, summary in SUMMARIES.items():
-            self.run.define_metric(glob, step_metric=STEP_KEY, summary=summary)
-        self.run.define_metric("*", step_metric=STEP_KEY)
+
+    def _define(self, keys) -> None:
+        """Declare each new key by its exact name: the step axis and its run-table summary.
+
+        Not with globs: when a key matches two globs (a summary's and a catch-all "*"), wandb's
+        service picks either from one run to the next (seen: the p5 summary "min" in one run,
+        the last value in another), and an exact name always wins over a glob.
+        """
+        for key in keys:
+            if key in self._defined:
+                continue
+            summary = next((s for g, s in SUMMARIES.items() if fnmatch.fnmatchcase(key, g)), None)
+            if summary is None:
+                self.run.define_metric(key, step_metric=STEP_KEY)
+            else:
+                self.run.define_metric(key, step_metric=STEP_KEY, summary=summary)
+            self._defined.add(key)
 
     @property
     def first_missing_step(self) -> int:
@@ -69,7 +84,9 @@ class WandbRun:
 
     def log(self, row: dict) -> None:
         self.remember(row)
-        self.run.log(_payload(row), step=row[STEP_KEY])
+        payload = _payload(row)
+        self._define(payload)
+        self.run.log(payload, step=row[STEP_KEY])
         if row[STEP_KEY] % self.cfg.heatmap_every == 0:
             self.log_heatmap(row[STEP_KEY])
 
@@ -90,11 +107,13 @@ class WandbRun:
 
         data = [[s, b, p5] for s in sorted(self._heatmap) for b, p5 in self._heatmap[s]]
         table = wandb.Table(columns=["step", "bin", "p5"], data=data)
+        self._define([_HEATMAP.wandb_key])
         self.run.log({_HEATMAP.wandb_key: table}, step=step)
 
     def log_histogram(self, step: int, name: str, values) -> None:
         import wandb
 
+        self._define([name])
         self.run.log({name: wandb.Histogram(list(map(float, values)))}, step=step)
 
     def finish(self, last_step: int | None) -> None:

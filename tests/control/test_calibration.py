@@ -100,5 +100,5 @@ def test_sparrow_calibrate_writes_a_monotone_schedule(tmp_path, capsys):
 
 def test_sparrow_calibrate_rejects_bad_options(capsys):
     assert calibrate.main(["preset=tiny", "--budgets", "0,4"]) == 2
-    assert "must be positive" in capsys.readouterr().err
+    assert "each budget must be between 1 page and the KV pool" in capsys.readouterr().err
     assert calibrate.main(["preset=tiny", "--bogus"]) == 2

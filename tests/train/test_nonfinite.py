@@ -102,7 +102,7 @@ def test_a_streak_stops_the_run_with_a_clear_message(tmp_path):
 
 def test_cli_reports_the_streak_in_one_line(monkeypatch, capsys):
     class StreakingTrainer:
-        def __init__(self, cfg):
+        def __init__(self, cfg, pinned=None):
             pass
 
         def fit(self):
