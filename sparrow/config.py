@@ -16,6 +16,7 @@ from sparrow.models.loading import ModelConfig
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.advantages import AdvantageConfig
 from sparrow.rl.losses import LossConfig
+from sparrow.rl.rollout_correction import CorrectionConfig
 from sparrow.rollout.engine import EngineConfig
 from sparrow.tasks.data import DataConfig
 from sparrow.tasks.rewards import RewardConfig
@@ -58,6 +59,9 @@ class RLConfig:
     group_size: int = 8  # samples per prompt (the GRPO group)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    # How each token's loss is weighted for having been sampled by the rollout engine (TIS by
+    # default; the modes are in sparrow/rl/rollout_correction.py).
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     save_every: int = 10  # checkpoint every this many steps (and at the end); 0: only at the end

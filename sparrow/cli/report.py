@@ -41,6 +41,7 @@ PANELS = (
     Panel("speedup", r"^speedup/(predicted|measured)$", "rollout speedup vs dense"),
     Panel("time_split", r"^time/\w+_s$", "seconds per step"),
     Panel("loss", r"^loss/\w+$", "loss"),
+    Panel("correction", r"^correction/(truncated|masked)_frac$", "share of tokens"),
     Panel("entropy", r"^entropy/mean$", "entropy (nats)"),
 )
 

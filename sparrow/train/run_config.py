@@ -22,6 +22,7 @@ RUN_KEYS = (
     "rl.prompts_per_step",
     "rl.group_size",
     "rl.loss.",
+    "rl.correction.",
     "rl.advantage.",
     "rl.reward.",
     "rollout.max_new_tokens",

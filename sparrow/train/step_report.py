@@ -34,7 +34,8 @@ def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ra
 
 
 def format_step_line(step: int, total: int, m: dict) -> str:
-    """reward, accuracy, lengths, loss, clip fractions, TIS stats, p5, KV ratio, time split."""
+    """reward, accuracy, lengths, loss, clip fractions, rollout-correction weights (mean [min,
+    max], and the truncated / masked token shares), p5, KV ratio, time split."""
 
     def g(key, fmt="{:.3f}"):
         value = m.get(key, math.nan)
@@ -43,8 +44,9 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     update = (
         f"loss {g('loss/loss', '{:+.4f}')} "
         f"clip lo/hi {g('update/clip_frac_low')}/{g('update/clip_frac_high')} "
-        f"tis {g('update/tis_weight_mean')} [{g('update/tis_weight_min', '{:.2f}')}, "
-        f"{g('update/tis_weight_max', '{:.2f}')}]"
+        f"corr {g('correction/weight_mean')} [{g('correction/weight_min', '{:.2f}')}, "
+        f"{g('correction/weight_max', '{:.2f}')}] trunc "
+        f"{g('correction/truncated_frac')} mask {g('correction/masked_frac')}"
     )
     if m.get("update/no_signal"):
         update = "no signal (all advantages 0): update skipped"
@@ -142,8 +144,10 @@ def actor_plan(
 
 
 def update_metrics(update: dict) -> dict:
-    """The actor's and DistillSparse's update metrics under their dashboard names."""
+    """The actor's, the rollout correction's and DistillSparse's update metrics under their
+    dashboard names."""
     named = {"loss": "loss/loss", "pg_loss": "loss/pg_loss"}
     return {
-        k if k.startswith("distill/") else named.get(k, f"update/{k}"): v for k, v in update.items()
+        k if k.startswith(("distill/", "correction/")) else named.get(k, f"update/{k}"): v
+        for k, v in update.items()
     }

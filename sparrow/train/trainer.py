@@ -129,7 +129,7 @@ class GRPOTrainer(CheckpointedRun):
         )
         self.reward = build_reward(cfg.rl.reward)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
-        self.loss_fn = PolicyLoss(cfg.rl.loss)
+        self.loss_fn = PolicyLoss(cfg.rl.loss, cfg.rl.correction)
         self.shape = ModelShape.from_hf_config(loaded.model.config, dtype_bytes=4)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
