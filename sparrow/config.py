@@ -20,6 +20,7 @@ from sparrow.rl.rollout_correction import CorrectionConfig
 from sparrow.rollout.engine import EngineConfig
 from sparrow.tasks.data import DataConfig
 from sparrow.tasks.rewards import RewardConfig
+from sparrow.train.dynamic_sampling import DynamicSamplingConfig
 from sparrow.train.metrics_logger import LoggerConfig
 
 
@@ -72,6 +73,9 @@ class RLConfig:
     # (sparrow.experiments.zero_signal_drift). Skip such an update: weights and optimizer state
     # stay as they are, and the LR schedule does not advance.
     skip_no_signal: bool = True
+    # DAPO's dynamic sampling: rounds of prompts until the step holds prompts_per_step groups
+    # with signal (sparrow/train/dynamic_sampling.py).
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
     def __post_init__(self):
         # prompts_per_step and keep_last are checked where they are used (prompt iterator,

@@ -23,6 +23,7 @@ RUN_KEYS = (
     "rl.group_size",
     "rl.loss.",
     "rl.correction.",
+    "rl.dynamic_sampling.",
     "rl.advantage.",
     "rl.reward.",
     "rollout.max_new_tokens",

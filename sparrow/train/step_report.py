@@ -50,9 +50,18 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     )
     if m.get("update/no_signal"):
         update = "no signal (all advantages 0): update skipped"
+    sampling = ""
+    if "sampling/groups_kept" in m:  # dynamic sampling
+        limit = " (round limit)" if m.get("sampling/round_limit_hit") else ""
+        sampling = (
+            f" | groups kept {g('sampling/groups_kept', '{:.0f}')}/"
+            f"{g('sampling/groups_drawn', '{:.0f}')} in {g('sampling/rounds', '{:.0f}')} "
+            f"rounds{limit}"
+        )
     return (
         f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
-        f"len {g('len/completion_mean', '{:.1f}')} | {update} | p5 min {g('accept/p5_min')} "
+        f"len {g('len/completion_mean', '{:.1f}')}{sampling} | {update} | "
+        f"p5 min {g('accept/p5_min')} "
         f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
         f"logp {g('time/logprobs_s', '{:.1f}')}s monitor {g('time/monitor_s', '{:.1f}')}s "
         f"update {g('time/update_s', '{:.1f}')}s"
@@ -90,16 +99,33 @@ def format_plan(
         if schedule.mode == "dense"
         else f"{schedule.mode} (tau {cfg.controller.tau}, bins of {schedule.bin_tokens})"
     )
+    rl = cfg.rl
+    sampling = ""
+    if rl.dynamic_sampling.enabled:
+        sampling = (
+            f"\n  dynamic sampling: rounds of {rl.prompts_per_step} prompts until "
+            f"{rl.prompts_per_step} groups have rewards not all equal, at most "
+            f"{rl.dynamic_sampling.max_rounds} rounds (sampling/* per step)"
+        )
     return (
         f"sparrow-train: {cfg.model.name} | {data_summary}\n"
-        f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
+        f"  {rl.steps} steps x {rl.prompts_per_step} prompts x {rl.group_size} "
         f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {world}, "
-        f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; run dir {cfg.run_dir}"
+        f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; rollout correction "
+        f"{_correction(rl.correction)}; run dir {cfg.run_dir}{sampling}"
     ) + (
         ""
         if model_config is None
         else "\n  " + actor_plan(cfg, model_config, *(prompt_lengths or ()))
     )
+
+
+def _correction(c) -> str:
+    if c.mode in ("tis", "seq_tis"):
+        return f"{c.mode} (cap {c.cap})"
+    if c.mode in ("token_mask", "seq_mask"):
+        return f"{c.mode} [{c.lo}, {c.hi}]"
+    return c.mode
 
 
 def actor_plan(

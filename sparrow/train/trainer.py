@@ -20,7 +20,7 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 import logging
 import os
 import signal
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -41,13 +41,14 @@ from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.distributed import Ranks, rank_seed
+from sparrow.train.dynamic_sampling import Round, Sampled, sample_step
 from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.exact_acceptance import exact_batch_acceptance
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.progress import StepClock
-from sparrow.train.rollout_plan import RolloutPlan, plan_rollout
+from sparrow.train.rollout_plan import Rollout, RolloutPlan, plan_rollout
 from sparrow.train.run_state import CheckpointedRun
 from sparrow.train.speedup_probe import measure_speedup
 from sparrow.train.step_report import (
@@ -60,14 +61,6 @@ from sparrow.train.step_report import (
 from sparrow.train.weight_guard import check_weights, next_nonfinite_streak
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Rollout:
-    outputs: list  # the engine's GenerationOutputs, prompt-major, rl.group_size per prompt
-    batch: RolloutBatch
-    plan: RolloutPlan  # which rows were dense (noise floor) and kept their logits
-    stats: object  # the engine's RolloutStats of this generate call (decode tok/s)
 
 
 class GRPOTrainer(CheckpointedRun):
@@ -185,17 +178,18 @@ class GRPOTrainer(CheckpointedRun):
         """One GRPO step on this rank's share of the step's prompts; returns its metrics."""
         timer = PhaseTimer()
         with timer("rollout"):
-            prompts = next(self.prompts)[self.rank :: self.world]
-            rollout = self._rollout(prompts)
-            scores = self._rewards(prompts, rollout.outputs)
+            sampled = self._sample()
+        train, drawn = sampled.train, sampled.drawn
+        rollout, scores = train.rollout, train.scores
         with timer("monitor"):
-            speedup = self._measured_speedup(prompts, rollout)
+            speedup = self._measured_speedup(train.prompts, rollout)
             # GRPO groups never span ranks (a rank rolls out whole groups): advantages are local.
             advantages = self.advantage_fn(scores.scores, rollout.batch.group_ids)  # (B,)
         with timer("logprobs"):
             dense = self._logprobs(rollout.batch)
         with timer("monitor"):
             acceptance = self._acceptance(rollout, dense)
+            _free_logits(drawn.rollout)  # the groups dynamic sampling dropped hold theirs too
             control = self._control(rollout.batch, acceptance.stats)
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
@@ -212,13 +206,32 @@ class GRPOTrainer(CheckpointedRun):
             self._sync_engine(weights)
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
-        metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
-        metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
-        metrics |= acceptance.metrics | control | speedup | self._kv_read(rollout.batch)
-        metrics |= update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
+        # What the engine drew (with dynamic sampling: every round), not only what trained.
+        metrics = rollout_metrics(
+            drawn.rollout.batch, drawn.scores, drawn.rollout.outputs, self.ranks
+        )
+        metrics["rollout/preemptions"] = self.ranks.sum(drawn.rollout.stats.num_preemptions)
+        metrics |= acceptance.metrics | control | speedup | self._kv_read(drawn.rollout.batch)
+        metrics |= sampled.metrics | update_metrics(update | distill)
+        metrics |= self.ranks.sums(drawn.scores.stats.as_metrics())
         return metrics | times
 
     # ---- the phases -------------------------------------------------------------------------
+
+    def _sample(self) -> Sampled:
+        """This step's rollouts and rewards: one round of prompts, or with dynamic sampling as
+        many rounds as it takes to fill the step with groups that carry signal."""
+
+        def draw() -> Round:
+            prompts = next(self.prompts)[self.rank :: self.world]
+            rollout = self._rollout(prompts)
+            return Round(prompts, rollout, self._rewards(prompts, rollout.outputs))
+
+        rl = self.cfg.rl
+        share = rl.prompts_per_step // self.world
+        return sample_step(
+            draw, rl.dynamic_sampling, share, rl.group_size, self.ranks, self._collate
+        )
 
     def _rollout(self, prompts) -> Rollout:
         """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
@@ -236,6 +249,11 @@ class GRPOTrainer(CheckpointedRun):
             schedules=plan.schedules,
             logits_rows=plan.logit_rows,
         )
+        return self._collate(prompts, outputs, plan, self.engine.last_stats)
+
+    def _collate(self, prompts, outputs, plan: RolloutPlan, stats) -> Rollout:
+        """The outputs of `prompts` (this rank's, `outputs` prompt-major) as one padded batch;
+        group ids are the prompts' places in the step (every rank holds as many)."""
         group_offset = self.rank * len(prompts)
         batch = collate_rollouts(
             [p.token_ids for p in prompts],
@@ -243,7 +261,7 @@ class GRPOTrainer(CheckpointedRun):
             self.tokenizer.pad_token_id,
             [group_offset + o.prompt_index for o in outputs],
         )
-        return Rollout(outputs, batch, plan, self.engine.last_stats)
+        return Rollout(outputs, batch, plan, stats)
 
     def _rewards(self, prompts, outputs) -> BatchScores:
         return score_batch(
@@ -293,9 +311,7 @@ class GRPOTrainer(CheckpointedRun):
             )
             exact = ExactAcceptance(values, rows)
         result = self.acceptance.measure(batch, dense, plan.floor_rows, exact)
-        batch.rollout_logits = None
-        for o in rollout.outputs:
-            o.logits = None
+        _free_logits(rollout)
         return result
 
     def _control(self, batch: RolloutBatch, stats) -> dict:
@@ -435,3 +451,10 @@ class GRPOTrainer(CheckpointedRun):
             self.actor.model.config,
             self.train_data.prompt_lengths(),
         )
+
+
+def _free_logits(rollout: Rollout) -> None:
+    """Drop the (C_b, V) rollout logits a batch and its outputs hold (read by the acceptance)."""
+    rollout.batch.rollout_logits = None
+    for o in rollout.outputs:
+        o.logits = None
