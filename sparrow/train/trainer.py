@@ -1,6 +1,7 @@
-"""The GRPO loop. One step, in `train_step`: sparse rollout -> rewards -> advantages -> dense
-log-probs -> acceptance -> controller update -> policy update -> DistillSparse update -> weight
-sync -> logging; `fit` adds evaluation and checkpoints around the steps.
+"""The GRPO loop. One step, in `train_step`: sparse rollout -> rewards (with dynamic sampling,
+rounds of both until the step holds its groups with signal) -> advantages -> dense log-probs ->
+acceptance -> controller update -> policy update -> DistillSparse update -> weight sync ->
+logging; `fit` adds evaluation and checkpoints around the steps.
 
     sparrow-train                       # SmolLM2 on the embedded task (conf/config.yaml)
     sparrow-train preset=smoke          # 2 steps of a tiny model

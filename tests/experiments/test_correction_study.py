@@ -57,7 +57,7 @@ def _table(readme: Path) -> str:
 def test_tiny_study_runs_reports_and_regenerates_from_the_copies(tmp_path, capsys):
     root, docs = tmp_path / "runs", tmp_path / "docs"
     argv = ["--root", str(root), "--docs", str(docs), "--seeds", "0", "--arms", "tis,tis_dynamic"]
-    tiny = ["--", "preset=tiny", "rl.steps=2", "rl.dynamic_sampling.max_rounds=2"]
+    tiny = ["--", "preset=tiny", "rl.steps=2"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         assert study.main([*argv, *tiny]) == 0
