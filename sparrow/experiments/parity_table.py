@@ -72,16 +72,20 @@ def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> Parit
         kv_read=_mean([r["kv_read_ratio"] for r in settled if _finite(r.get("kv_read_ratio"))]),
         p5_by_bin={b: statistics.median(v) for b, v in sorted(p5.items())},
         p5_held=_mean([float(h) for h in held]),
-        tis_truncated=_mean(
-            [
-                r["update/tis_truncated_frac"]
-                for r in train
-                if _finite(r.get("update/tis_truncated_frac"))
-            ]
-        ),
+        tis_truncated=_mean([v for r in train if _finite(v := truncated_frac(r))]),
         updates=sum(1 for r in train if not r.get("update/no_signal")),
         wall_h=_wall_s(root, name) / 3600,
     )
+
+
+def truncated_frac(row: dict) -> float | None:
+    """The step's share of TIS-truncated tokens (`update/tis_truncated_frac` in logs written
+    before the rollout-correction modes, `correction/truncated_frac` since)."""
+    return row.get("correction/truncated_frac", row.get("update/tis_truncated_frac"))
+
+
+def _get(key: str):
+    return lambda row: row.get(key)
 
 
 def _finite(value) -> bool:
@@ -157,21 +161,21 @@ def plot_arms(root: Path, runs: list[ParityRun], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     colors = {"online": "tab:blue", "dense": "tab:gray", "aggressive": "tab:red"}
     panels = {
-        "reward": ("reward/mean", "train reward"),
-        "eval_accuracy": ("eval/accuracy", "held-out accuracy"),
-        "kv_read_ratio": ("kv_read_ratio", "KV-read ratio"),
-        "p5_min": ("accept/p5_min", "smallest per-bin p5"),
-        "tis_truncated": ("update/tis_truncated_frac", "TIS-truncated token share"),
+        "reward": (_get("reward/mean"), "train reward"),
+        "eval_accuracy": (_get("eval/accuracy"), "held-out accuracy"),
+        "kv_read_ratio": (_get("kv_read_ratio"), "KV-read ratio"),
+        "p5_min": (_get("accept/p5_min"), "smallest per-bin p5"),
+        "tis_truncated": (truncated_frac, "TIS-truncated token share"),
     }
-    for file, (key, label) in panels.items():
+    for file, (value, label) in panels.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for r in runs:
             rows = _rows_by_step(root / r.name)
-            points = [(s, row[key]) for s, row in sorted(rows.items()) if _finite(row.get(key))]
+            points = [(s, value(row)) for s, row in sorted(rows.items()) if _finite(value(row))]
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, marker=".", color=colors.get(r.arm), alpha=0.8, label=r.name)
-        if key == "accept/p5_min":
+        if file == "p5_min":
             ax.axhline(0.86, color="k", lw=0.8, ls="--", label="tau")
         ax.set_xlabel("step")
         ax.set_ylabel(label)

@@ -1,7 +1,7 @@
-"""GRPO policy loss: PPO clip (clip-higher, optional dual clip) x truncated importance sampling.
+"""GRPO policy loss: PPO clip (clip-higher, optional dual clip) x rollout correction.
 
 Pure tensor functions in the style of verl's `core_algos`, and `PolicyLoss`, which picks the
-variants once from a `LossConfig`. Three policies appear per token:
+variants once from a `LossConfig` and a `CorrectionConfig`. Three policies appear per token:
 - rollout: the sparse engine that sampled the token (`rollout_logprobs`),
 - old: the dense policy before this step's update (`old_logprobs`, no grad),
 - current: the dense policy being trained (`logprobs`, with grad).
@@ -9,12 +9,13 @@ variants once from a `LossConfig`. Three policies appear per token:
 Per token: ratio r = exp(logp - logp_old); PPO loss max(-A r, -A clip(r, 1 - eps_low,
 1 + eps_high)) with clip-higher (DAPO, arXiv 2503.14476); the dual clip (default c = 3,
 `dual_clip=null` turns it off) bounds the loss of A < 0 tokens at -c A (arXiv 1912.09729);
-times the truncated importance sampling weight min(exp(logp_old - logp_rollout), C), detached,
-which corrects for sampling from the sparse engine rather than from the dense policy (Sparrow
-§RL recipe; Yao et al., "Your efficient RL framework secretly brings you off-policy RL
-training"). The KL-to-reference estimators (k1 or k3, Schulman's "Approximating KL divergence")
-are here as pure functions, but the trainer keeps no reference policy: a nonzero kl_coef is
-refused at config load.
+times the rollout correction's detached weight, which corrects for sampling from the sparse
+engine rather than from the dense policy: by default the truncated importance sampling weight
+min(exp(logp_old - logp_rollout), C) (Sparrow §RL recipe; Yao et al., "Your efficient RL
+framework secretly brings you off-policy RL training"); the other modes are in
+sparrow/rl/rollout_correction.py. The KL-to-reference estimators (k1 or k3, Schulman's
+"Approximating KL divergence") are here as pure functions, but the trainer keeps no reference
+policy: a nonzero kl_coef is refused at config load.
 
 Aggregation is the token mean over the whole step: each micro-batch's token sum is divided by the
 *global* completion-token count of the step, so summing the micro-batch losses (and all-reducing
@@ -28,8 +29,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-# Log-ratios are clamped before exp, as verl does, so a stray -inf log-prob cannot make inf * 0.
-MAX_LOG_RATIO = 20.0
+from sparrow.rl.rollout_correction import MAX_LOG_RATIO, CorrectionConfig, make_correction
 
 # How the trainer reduces each metric over micro-batches and ranks. "sum" metrics are already
 # divided by the global token count, so their sum is the step's token mean.
@@ -38,10 +38,11 @@ METRIC_REDUCTIONS = {
     "clip_frac_low": "sum",
     "clip_frac_high": "sum",
     "dual_clip_frac": "sum",
-    "tis_weight_mean": "sum",
-    "tis_weight_min": "min",
-    "tis_weight_max": "max",
-    "tis_truncated_frac": "sum",
+    "correction/weight_mean": "sum",
+    "correction/weight_min": "min",
+    "correction/weight_max": "max",
+    "correction/truncated_frac": "sum",
+    "correction/masked_frac": "sum",
     "approx_kl": "sum",
     "kl_ref": "sum",
     "entropy": "sum",
@@ -55,7 +56,6 @@ class LossConfig:
     # c > 1 caps the loss of A < 0 tokens at -c * A; None: off. On by default (c = 3, the
     # paper's and verl's value): one token with a huge ratio would otherwise own the step.
     dual_clip: float | None = 3.0
-    tis_cap: float | None = 2.0  # C in min(exp(logp_old - logp_rollout), C); None: no TIS weight
     kl_coef: float = 0.0  # weight of the KL-to-reference term; 0: off (no reference pass needed)
     kl_estimator: str = "k3"  # "k1" (logp - logp_ref) | "k3" (exp(d) - d - 1, d = logp_ref - logp)
 
@@ -93,18 +93,6 @@ def dual_clip_token_loss(loss: Tensor, advantages: Tensor, clip_c: float) -> tup
     return torch.where(dual_clipped, cap, loss), dual_clipped
 
 
-def truncated_is_weight(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
-    """min(exp(logp_old - logp_rollout), cap), detached. (B, T) -> (B, T)."""
-    log_w = (old_logprobs - rollout_logprobs).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(log_w).clamp(max=cap)  # (B, T)
-
-
-def untruncated_is_ratio(old_logprobs: Tensor, rollout_logprobs: Tensor) -> Tensor:
-    """exp(logp_old - logp_rollout), detached: logged when TIS is off. (B, T) -> (B, T)."""
-    log_w = (old_logprobs - rollout_logprobs).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(log_w)  # (B, T)
-
-
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """k1 estimator of KL(pi || ref) on tokens sampled from pi: logp - logp_ref. (B, T)."""
     return logprobs - ref_logprobs
@@ -131,23 +119,19 @@ def global_token_mean(values: Tensor, mask: Tensor, global_num_tokens: float | T
 
 
 class PolicyLoss:
-    """The GRPO loss with its variants (dual clip, TIS, KL estimator) fixed at construction."""
+    """The GRPO loss with its variants (dual clip, rollout correction, KL estimator) fixed at
+    construction."""
 
-    def __init__(self, cfg: LossConfig):
+    def __init__(self, cfg: LossConfig, correction: CorrectionConfig | None = None):
         if cfg.dual_clip is not None and cfg.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None for off), got {cfg.dual_clip}")
-        if cfg.tis_cap is not None and cfg.tis_cap <= 0:
-            raise ValueError(f"tis_cap must be > 0 (or None for off), got {cfg.tis_cap}")
         if cfg.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {sorted(KL_ESTIMATORS)}")
         self.cfg = cfg
         self._dual_clip = (
             None if cfg.dual_clip is None else partial(dual_clip_token_loss, clip_c=cfg.dual_clip)
         )
-        if cfg.tis_cap is None:
-            self._is_weight = None
-        else:
-            self._is_weight = partial(truncated_is_weight, cap=cfg.tis_cap)
+        self._correction = make_correction(correction or CorrectionConfig())
         self._kl = KL_ESTIMATORS[cfg.kl_estimator] if cfg.kl_coef != 0 else None
 
     @property
@@ -193,14 +177,8 @@ class PolicyLoss:
         dual_clipped = torch.zeros_like(loss_mask)  # (B, T)
         if self._dual_clip is not None:
             pg, dual_clipped = self._dual_clip(pg, advantages)
-        ratio_rollout = untruncated_is_ratio(old_logprobs, rollout_logprobs)  # (B, T)
-        if self._is_weight is not None:
-            weight = self._is_weight(old_logprobs, rollout_logprobs)  # (B, T)
-            pg = pg * weight
-            truncated = ratio_rollout > cfg.tis_cap  # (B, T)
-        else:
-            weight = ratio_rollout  # logged only
-            truncated = torch.zeros_like(loss_mask)
+        correction = self._correction(old_logprobs, rollout_logprobs, loss_mask)
+        pg = pg * correction.weight  # (B, T)
         mean = partial(global_token_mean, mask=loss_mask, global_num_tokens=global_num_tokens)
         pg_loss = mean(pg)
         loss = pg_loss
@@ -213,16 +191,17 @@ class PolicyLoss:
             loss = loss + cfg.kl_coef * kl
             metrics["kl_ref"] = kl.detach()
         with torch.no_grad():
-            w = weight.float()
+            w = correction.weight.float()
             metrics |= {
                 "pg_loss": pg_loss.detach(),
                 "clip_frac_low": mean(clipped_low.float()),
                 "clip_frac_high": mean(clipped_high.float()),
                 "dual_clip_frac": mean(dual_clipped.float()),
-                "tis_weight_mean": mean(w),
-                "tis_weight_min": torch.where(loss_mask, w, torch.inf).amin(),
-                "tis_weight_max": torch.where(loss_mask, w, -torch.inf).amax(),
-                "tis_truncated_frac": mean(truncated.float()),
+                "correction/weight_mean": mean(w),
+                "correction/weight_min": torch.where(loss_mask, w, torch.inf).amin(),
+                "correction/weight_max": torch.where(loss_mask, w, -torch.inf).amax(),
+                "correction/truncated_frac": mean(correction.truncated.float()),
+                "correction/masked_frac": mean(correction.masked.float()),
                 # Schulman's k3 of KL(old || current) on tokens from old: (r - 1) - log r.
                 "approx_kl": mean(kl_k3(old_logprobs, logprobs.detach())),
             }

@@ -16,9 +16,11 @@ from sparrow.monitor.config import MonitorConfig
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.advantages import AdvantageConfig
 from sparrow.rl.losses import LossConfig
+from sparrow.rl.rollout_correction import CorrectionConfig
 from sparrow.rollout.engine import EngineConfig
 from sparrow.tasks.data import DataConfig
 from sparrow.tasks.rewards import RewardConfig
+from sparrow.train.dynamic_sampling import DynamicSamplingConfig
 from sparrow.train.metrics_logger import LoggerConfig
 
 
@@ -67,6 +69,9 @@ class RLConfig:
     group_size: int = 8  # samples per prompt (the GRPO group)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    # How each token's loss is weighted for having been sampled by the rollout engine (TIS by
+    # default; the modes are in sparrow/rl/rollout_correction.py).
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     save_every: int = 10  # checkpoint every this many steps (and at the end); 0: only at the end
@@ -81,6 +86,9 @@ class RLConfig:
     # rollouts, dense log-probs, acceptance, the controller and DistillSparse run as usual:
     # distill-only training (sparrow.experiments.distill_study).
     update_policy: bool = True
+    # DAPO's dynamic sampling: rounds of prompts until the step holds prompts_per_step groups
+    # with signal (sparrow/train/dynamic_sampling.py).
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
     def __post_init__(self):
         # prompts_per_step's upper bound (the data size) is checked by the prompt iterator.

@@ -23,6 +23,8 @@ RUN_KEYS = (
     "rl.prompts_per_step",
     "rl.group_size",
     "rl.loss.",
+    "rl.correction.",
+    "rl.dynamic_sampling.",
     "rl.advantage.",
     "rl.reward.",
     "rollout.max_new_tokens",

@@ -41,7 +41,8 @@ def throughput_metrics(tokens_per_rank: float, world: int, times: dict) -> dict:
 
 
 def format_step_line(step: int, total: int, m: dict) -> str:
-    """reward, accuracy, lengths, loss, clip fractions, TIS stats, p5, KV ratio, time split."""
+    """reward, accuracy, lengths, loss, clip fractions, rollout-correction weights (mean [min,
+    max], and the truncated / masked token shares), p5, KV ratio, time split."""
 
     def g(key, fmt="{:.3f}"):
         value = m.get(key, math.nan)
@@ -50,16 +51,26 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     update = (
         f"loss {g('loss/loss', '{:+.4f}')} "
         f"clip lo/hi {g('update/clip_frac_low')}/{g('update/clip_frac_high')} "
-        f"tis {g('update/tis_weight_mean')} [{g('update/tis_weight_min', '{:.2f}')}, "
-        f"{g('update/tis_weight_max', '{:.2f}')}]"
+        f"corr {g('correction/weight_mean')} [{g('correction/weight_min', '{:.2f}')}, "
+        f"{g('correction/weight_max', '{:.2f}')}] trunc "
+        f"{g('correction/truncated_frac')} mask {g('correction/masked_frac')}"
     )
     if m.get("update/no_signal"):
         update = "no signal (all advantages 0): update skipped"
     if m.get("update/policy_frozen"):
         update = "policy frozen (rl.update_policy=false)"
+    sampling = ""
+    if "sampling/groups_kept" in m:  # dynamic sampling
+        limit = " (round limit)" if m.get("sampling/round_limit_hit") else ""
+        sampling = (
+            f" | groups kept {g('sampling/groups_kept', '{:.0f}')}/"
+            f"{g('sampling/groups_drawn', '{:.0f}')} in {g('sampling/rounds', '{:.0f}')} "
+            f"rounds{limit}"
+        )
     return (
         f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
-        f"len {g('len/completion_mean', '{:.1f}')} | {update} | p5 min {g('accept/p5_min')} "
+        f"len {g('len/completion_mean', '{:.1f}')}{sampling} | {update} | "
+        f"p5 min {g('accept/p5_min')} "
         f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
         f"logp {g('time/logprobs_s', '{:.1f}')}s monitor {g('time/monitor_s', '{:.1f}')}s "
         f"update {g('time/update_s', '{:.1f}')}s"
@@ -98,17 +109,33 @@ def format_plan(
         if schedule.mode == "dense"
         else f"{schedule.mode} (tau {cfg.controller.tau}, bins of {schedule.bin_tokens})"
     )
+    rl = cfg.rl
     lines = [
         f"sparrow-train: {cfg.model.name} | {data_summary}",
-        f"  {cfg.rl.steps} steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} "
+        f"  {rl.steps} steps x {rl.prompts_per_step} prompts x {rl.group_size} "
         f"samples, {cfg.rollout.max_new_tokens} new tokens max, ranks {world}, "
-        f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; run dir {cfg.run_dir}",
+        f"ZeRO-{cfg.actor.zero_stage}; schedule {sched}; rollout correction "
+        f"{_correction(rl.correction)}; run dir {cfg.run_dir}",
     ]
+    if rl.dynamic_sampling.enabled:
+        lines.append(
+            f"  dynamic sampling: rounds of {rl.prompts_per_step} prompts until "
+            f"{rl.prompts_per_step} groups have rewards not all equal, at most "
+            f"{rl.dynamic_sampling.max_rounds} rounds (sampling/* per step)"
+        )
     if seeds is not None:
         lines.append(f"  {seeds}")
     if model_config is not None:
         lines.append("  " + actor_plan(cfg, model_config, *(prompt_lengths or ())))
     return "\n".join(lines)
+
+
+def _correction(c) -> str:
+    if c.mode in ("tis", "seq_tis"):
+        return f"{c.mode} (cap {c.cap})"
+    if c.mode in ("token_mask", "seq_mask"):
+        return f"{c.mode} [{c.lo}, {c.hi}]"
+    return c.mode
 
 
 def actor_plan(
@@ -141,8 +168,10 @@ def actor_plan(
 
 
 def update_metrics(update: dict) -> dict:
-    """The actor's and DistillSparse's update metrics under their dashboard names."""
+    """The actor's, the rollout correction's and DistillSparse's update metrics under their
+    dashboard names."""
     named = {"loss": "loss/loss", "pg_loss": "loss/pg_loss"}
     return {
-        k if k.startswith("distill/") else named.get(k, f"update/{k}"): v for k, v in update.items()
+        k if k.startswith(("distill/", "correction/")) else named.get(k, f"update/{k}"): v
+        for k, v in update.items()
     }

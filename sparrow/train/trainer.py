@@ -1,7 +1,8 @@
 """The GRPO loop. One step, in `train_step`: sparse rollout (as the monitor planned it) -> rewards
--> advantages -> dense log-probs -> the monitor's acceptance -> controller update -> policy update
--> DistillSparse update -> weight sync -> logging; `fit` adds evaluation and checkpoints around
-the steps.
+(with dynamic sampling, rounds of both until the step holds its groups with signal) -> advantages
+-> dense log-probs -> the monitor's acceptance -> controller update -> policy update ->
+DistillSparse update -> weight sync -> logging; `fit` adds evaluation and checkpoints around the
+steps.
 
     sparrow-train                       # SmolLM2 on the embedded task (conf/config.yaml)
     sparrow-train preset=smoke          # 2 steps of a tiny model
@@ -21,7 +22,7 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 import logging
 import os
 import signal
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from sparrow.models.loading import load_model
 from sparrow.models.shape import ModelShape
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
 from sparrow.monitor.monitor import Monitor
-from sparrow.monitor.rollout_plan import RolloutPlan
+from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
@@ -46,6 +47,7 @@ from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.config import SparrowConfig
 from sparrow.train.context_room import context_room
+from sparrow.train.dynamic_sampling import Round, Sampled, sample_step
 from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.interruption import STARTUP_ADVICE, stop_at_once
@@ -68,14 +70,6 @@ from sparrow.train.step_report import (
 from sparrow.train.weight_guard import check_weights, next_nonfinite_streak
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Rollout:
-    outputs: list  # the engine's GenerationOutputs, prompt-major, rl.group_size per prompt
-    batch: RolloutBatch
-    plan: RolloutPlan  # which rows were dense (noise floor) and kept their logits
-    stats: object  # the engine's RolloutStats of this generate call (decode tok/s)
 
 
 class GRPOTrainer(CheckpointedRun):
@@ -162,7 +156,7 @@ class GRPOTrainer(CheckpointedRun):
         )
         self.reward = build_reward(cfg.rl.reward)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
-        self.loss_fn = PolicyLoss(cfg.rl.loss)
+        self.loss_fn = PolicyLoss(cfg.rl.loss, cfg.rl.correction)
         self.shape = ModelShape.from_hf_config(loaded.model.config)
         self.cost = engine_cost_config(eng)  # the rollout engine's dtype and dense layers
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
@@ -229,17 +223,17 @@ class GRPOTrainer(CheckpointedRun):
     def train_step(self) -> dict:
         """One GRPO step on this rank's share of the step's prompts; returns its metrics."""
         timer = PhaseTimer()
-        with timer("rollout"):
-            prompts = next(self.prompts)[self.rank :: self.world]
-            rollout = self._rollout(prompts)
+        sampled = self._sample(timer)  # rollout and rewards phases, once per round
+        train, drawn = sampled.train, sampled.drawn
+        rollout, scores = train.rollout, train.scores
         with timer("rewards"):
-            scores = self._rewards(prompts, rollout.outputs)
             # GRPO groups never span ranks (a rank rolls out whole groups): advantages are local.
             advantages = self.advantage_fn(scores.scores, rollout.batch.group_ids)  # (B,)
         with timer("logprobs"):
             dense = self._logprobs(rollout.batch)
         with timer("monitor"):
-            acceptance = self._acceptance(prompts, rollout, dense)
+            acceptance = self._acceptance(train.prompts, rollout, dense)
+            _free_logits(drawn.rollout)  # the groups dynamic sampling dropped hold theirs too
         with timer("control"):
             control = self._control(rollout.batch, acceptance.stats)
         with timer("update"):
@@ -257,13 +251,34 @@ class GRPOTrainer(CheckpointedRun):
             self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
-        metrics = rollout_metrics(rollout.batch, scores, rollout.outputs, self.ranks)
-        metrics["rollout/preemptions"] = self.ranks.sum(rollout.stats.num_preemptions)
-        metrics |= acceptance.metrics | control | self._kv_read(rollout.batch)
-        metrics |= update_metrics(update | distill) | self.ranks.sums(scores.stats.as_metrics())
+        # What the engine drew (with dynamic sampling: every round), not only what trained.
+        metrics = rollout_metrics(
+            drawn.rollout.batch, drawn.scores, drawn.rollout.outputs, self.ranks
+        )
+        metrics["rollout/preemptions"] = self.ranks.sum(drawn.rollout.stats.num_preemptions)
+        metrics |= acceptance.metrics | control | self._kv_read(drawn.rollout.batch)
+        metrics |= sampled.metrics | update_metrics(update | distill)
+        metrics |= self.ranks.sums(drawn.scores.stats.as_metrics())
         return metrics | times | throughput_metrics(metrics["rollout/tokens"], self.world, times)
 
     # ---- the phases -------------------------------------------------------------------------
+
+    def _sample(self, timer: PhaseTimer) -> Sampled:
+        """This step's rollouts and rewards: one round of prompts, or with dynamic sampling as
+        many rounds as it takes to fill the step with groups that carry signal."""
+
+        def draw() -> Round:
+            with timer("rollout"):
+                prompts = next(self.prompts)[self.rank :: self.world]
+                rollout = self._rollout(prompts)
+            with timer("rewards"):
+                return Round(prompts, rollout, self._rewards(prompts, rollout.outputs))
+
+        rl = self.cfg.rl
+        share = rl.prompts_per_step // self.world
+        return sample_step(
+            draw, rl.dynamic_sampling, share, rl.group_size, self.ranks, self._collate
+        )
 
     def _rollout(self, prompts) -> Rollout:
         """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
@@ -278,6 +293,11 @@ class GRPOTrainer(CheckpointedRun):
             schedules=plan.schedules,
             logits_rows=plan.logit_rows,
         )
+        return self._collate(prompts, outputs, plan, self.engine.last_stats)
+
+    def _collate(self, prompts, outputs, plan: RolloutPlan, stats) -> Rollout:
+        """The outputs of `prompts` (this rank's, `outputs` prompt-major) as one padded batch;
+        group ids are the prompts' places in the step (every rank holds as many)."""
         group_offset = self.rank * len(prompts)
         batch = collate_rollouts(
             [p.token_ids for p in prompts],
@@ -285,7 +305,7 @@ class GRPOTrainer(CheckpointedRun):
             self.tokenizer.pad_token_id,
             [group_offset + o.prompt_index for o in outputs],
         )
-        return Rollout(outputs, batch, plan, self.engine.last_stats)
+        return Rollout(outputs, batch, plan, stats)
 
     def _rewards(self, prompts, outputs) -> BatchScores:
         return score_batch(
@@ -315,8 +335,7 @@ class GRPOTrainer(CheckpointedRun):
         result = self.monitor.measure(
             self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats
         )
-        for o in rollout.outputs:
-            o.logits = None
+        _free_logits(rollout)
         return result
 
     def _control(self, batch: RolloutBatch, stats) -> dict:
@@ -488,3 +507,10 @@ class GRPOTrainer(CheckpointedRun):
             )
             + f"\n  {self.memory.line()}"
         )
+
+
+def _free_logits(rollout: Rollout) -> None:
+    """Drop the (C_b, V) rollout logits a batch and its outputs hold (read by the acceptance)."""
+    rollout.batch.rollout_logits = None
+    for o in rollout.outputs:
+        o.logits = None

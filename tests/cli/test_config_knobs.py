@@ -27,6 +27,9 @@ def test_shared_knobs_follow_their_source():
         ("monitor.bin_tokens=64", "monitor.bin_tokens=64 differs from schedule.bin_tokens"),
         ("rollout.engine.topk_logprobs=5", "differs from monitor.top_k=20"),
         ("rl.loss.kl_coef=0.05", "rl.loss.kl_coef=0.05: sparrow keeps no reference policy"),
+        ("rl.correction.mode=icepop", "rl.correction.mode='icepop': expected one of"),
+        ("rl.correction.lo=6", "rl.correction needs cap > 0 and 0 <= lo <= hi"),
+        ("rl.dynamic_sampling.max_rounds=0", "rl.dynamic_sampling.max_rounds must be >= 1"),
     ],
 )
 def test_disagreeing_knobs_are_refused_at_load(override, message):

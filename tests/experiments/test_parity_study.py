@@ -36,7 +36,7 @@ def test_summary_reads_the_acceptance_figures(tmp_path):
         row |= {"accept/p5/bin12": 0.9, "accept/p5/bin13": 0.8 if step in (5, 6) else 0.88}
         # Step 6's low bin holds too few tokens to count (controller.min_tokens, 50).
         row |= {"accept/count/bin12": 200, "accept/count/bin13": 40 if step == 6 else 60}
-        row["update/tis_truncated_frac"] = 0.01 * step
+        row["correction/truncated_frac"] = 0.01 * step
         row["update/no_signal"] = float(step == 2)  # one step without any reward signal
         rows.append(row)
     rows[-1] |= {"eval/accuracy": 0.5, "eval/delta": 0.2, "eval/delta_lo95": 0.1}
@@ -49,6 +49,8 @@ def test_summary_reads_the_acceptance_figures(tmp_path):
     assert run.p5_held == 2 / 3  # step 5's bin 13 (0.80) is below tau - 0.02; step 6's is thin
     assert run.p5_by_bin == {12: 0.9, 13: 0.8}
     assert abs(run.tis_truncated - 0.035) < 1e-12
+    # The parity runs were logged before the rename: their key still reads.
+    assert table.truncated_frac({"update/tis_truncated_frac": 0.04}) == 0.04
     assert run.updates == 5
     assert "| 0.200 -> 0.500 | 5 | 0.50 |" in table.format_runs([run])
 

@@ -1,4 +1,5 @@
-"""Policy loss: clipping, dual clip, TIS, global-token-mean invariance, KL, entropy."""
+"""Policy loss: clipping, dual clip, TIS, global-token-mean invariance, KL, entropy. The other
+rollout-correction modes: tests/rl/test_rollout_correction.py."""
 
 import math
 
@@ -12,6 +13,9 @@ from sparrow.rl.losses import (
     kl_k1,
     kl_k3,
 )
+from sparrow.rl.rollout_correction import CorrectionConfig
+
+NO_CORRECTION = CorrectionConfig(mode="none")
 
 # Five tokens, one sequence: (advantage, ratio r = exp(logp - logp_old)).
 ADV = torch.tensor([[1.0, 1.0, -1.0, -1.0, 2.0]])
@@ -32,7 +36,7 @@ def _inputs(tis_log_weight=None):
 
 
 def test_clip_both_sides_hand_values_and_gradients():
-    loss_fn = PolicyLoss(LossConfig(tis_cap=None))
+    loss_fn = PolicyLoss(LossConfig(), NO_CORRECTION)
     logp, old, rollout, adv, mask = _inputs()
     loss, m = loss_fn(logp, old, rollout, adv, mask, global_num_tokens=5)
     assert loss.item() == pytest.approx(sum(TOKEN_LOSS) / 5)
@@ -47,7 +51,7 @@ def test_clip_both_sides_hand_values_and_gradients():
 
 def test_dual_clip_caps_negative_advantage_loss():
     logp, old, rollout, adv, mask = _inputs()
-    loss, m = PolicyLoss(LossConfig(dual_clip=1.4, tis_cap=None))(logp, old, rollout, adv, mask, 5)
+    loss, m = PolicyLoss(LossConfig(dual_clip=1.4), NO_CORRECTION)(logp, old, rollout, adv, mask, 5)
     expected = TOKEN_LOSS.copy()
     expected[3] = 1.4
     assert loss.item() == pytest.approx(sum(expected) / 5)
@@ -62,23 +66,24 @@ def test_tis_weight_truncates_and_multiplies():
     # exp(old - rollout) = 3, 0.5, 1, 2, 1; cap 2 truncates the first only.
     log_w = torch.tensor([[math.log(3), math.log(0.5), 0.0, math.log(2), 0.0]], dtype=torch.float64)
     logp, old, rollout, adv, mask = _inputs(log_w)
-    loss, m = PolicyLoss(LossConfig(tis_cap=2.0))(logp, old, rollout, adv, mask, 5)
+    loss, m = PolicyLoss(LossConfig(), CorrectionConfig(cap=2.0))(logp, old, rollout, adv, mask, 5)
     weights = [2.0, 0.5, 1.0, 2.0, 1.0]
     weighted = sum(w * t for w, t in zip(weights, TOKEN_LOSS, strict=True))
     assert loss.item() == pytest.approx(weighted / 5)
-    assert m["tis_truncated_frac"].item() == pytest.approx(1 / 5)
-    assert m["tis_weight_mean"].item() == pytest.approx(sum(weights) / 5)
-    assert m["tis_weight_min"].item() == pytest.approx(0.5)
-    assert m["tis_weight_max"].item() == pytest.approx(2.0)
+    assert m["correction/truncated_frac"].item() == pytest.approx(1 / 5)
+    assert m["correction/masked_frac"].item() == 0.0
+    assert m["correction/weight_mean"].item() == pytest.approx(sum(weights) / 5)
+    assert m["correction/weight_min"].item() == pytest.approx(0.5)
+    assert m["correction/weight_max"].item() == pytest.approx(2.0)
     loss.backward()
     # The weight is detached: gradient is weight x the PPO gradient.
     assert logp.grad[0, 1].item() == pytest.approx(0.5 * -0.5 / 5)
-    # TIS off: loss ignores the weights, metrics report the raw ratio.
+    # No correction: the loss ignores the ratios, and the weight applied is 1.
     logp, old, rollout, adv, mask = _inputs(log_w)
-    loss_off, m_off = PolicyLoss(LossConfig(tis_cap=None))(logp, old, rollout, adv, mask, 5)
+    loss_off, m_off = PolicyLoss(LossConfig(), NO_CORRECTION)(logp, old, rollout, adv, mask, 5)
     assert loss_off.item() == pytest.approx(sum(TOKEN_LOSS) / 5)
-    assert m_off["tis_weight_max"].item() == pytest.approx(3.0)
-    assert m_off["tis_truncated_frac"].item() == 0.0
+    assert m_off["correction/weight_max"].item() == 1.0
+    assert m_off["correction/truncated_frac"].item() == 0.0
 
 
 def _random_step(seed=0, B=8, T=6, V=11):
@@ -95,8 +100,8 @@ def _random_step(seed=0, B=8, T=6, V=11):
 
 
 def test_loss_and_gradient_independent_of_micro_batch_split():
-    cfg = LossConfig(dual_clip=1.5, tis_cap=2.0, kl_coef=0.1, kl_estimator="k3")
-    loss_fn = PolicyLoss(cfg)
+    cfg = LossConfig(dual_clip=1.5, kl_coef=0.1, kl_estimator="k3")
+    loss_fn = PolicyLoss(cfg, CorrectionConfig(cap=2.0))
     results = []
     for micro in (8, 2):  # 1 x 8 and 4 x 2
         logits, ids, old, rollout, ref, adv, mask = _random_step()
@@ -122,7 +127,7 @@ def test_loss_and_gradient_independent_of_micro_batch_split():
     assert g1.abs().max() > 0
     torch.testing.assert_close(g1, g4, rtol=1e-12, atol=1e-15)
     assert m1.keys() == m4.keys() and "kl_ref" in m1
-    for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "tis_truncated_frac"):
+    for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "correction/truncated_frac"):
         assert m1[k] > 0, k  # every branch of the loss is exercised by this data
     for k in m1:
         torch.testing.assert_close(m1[k], m4[k])
@@ -147,8 +152,8 @@ def test_kl_estimators_are_unbiased_over_a_full_distribution():
 def test_kl_term_added_with_coefficient_and_requires_ref():
     logp, old, rollout, adv, mask = _inputs()
     ref = old - 0.5
-    base, _ = PolicyLoss(LossConfig(tis_cap=None))(logp, old, rollout, adv, mask, 5)
-    loss_fn = PolicyLoss(LossConfig(tis_cap=None, kl_coef=0.1, kl_estimator="k1"))
+    base, _ = PolicyLoss(LossConfig(), NO_CORRECTION)(logp, old, rollout, adv, mask, 5)
+    loss_fn = PolicyLoss(LossConfig(kl_coef=0.1, kl_estimator="k1"), NO_CORRECTION)
     assert loss_fn.needs_ref
     loss, m = loss_fn(logp, old, rollout, adv, mask, 5, ref_logprobs=ref)
     k1 = (logp - ref).mean().item()
@@ -166,7 +171,7 @@ def test_masked_tokens_do_not_count_and_nan_safe():
     loss, m = PolicyLoss(LossConfig())(logp, old, rollout, adv, mask, 4)
     assert loss.item() == pytest.approx(sum(TOKEN_LOSS[1:]) / 4)
     assert m["clip_frac_high"].item() == 0.0
-    assert math.isfinite(m["tis_weight_max"].item())
+    assert math.isfinite(m["correction/weight_max"].item())
 
 
 def test_entropy():

@@ -8,6 +8,8 @@ PHASE (inside training step STEP unless said otherwise; `none` never pauses):
     eval        the first decode steps of the evaluation after step STEP are done (0: the
                 step-0 evaluation, still start-up)
     rollout     after the third decode step of the step's first engine.generate call
+    round       after the third decode step of the step's second engine.generate call (with
+                rl.dynamic_sampling: mid-way through the step's second round of prompts)
     update      inside actor.train_step, after the first micro-batch's backward pass and before
                 the second micro-batch's loss (gradients half accumulated, no optimizer step yet)
     checkpoint  the actor's DeepSpeed files are written into step_XXXXXX.tmp, no COMPLETE marker
@@ -24,7 +26,9 @@ process is frozen in the phase and then lets it handle the signal.
 
 The reward `test_length` (registered here, chosen with rl.reward.name=test_length) scores a
 completion by its length, so that a random tiny model gets non-zero advantages and its weights
-really move, which makes "the same final weights" a real comparison.
+really move, which makes "the same final weights" a real comparison. `test_half_signal` does the
+same for about half of the prompts (by a hash of the prompt) and scores the others 0, so that
+dynamic sampling needs more than one round per step.
 
 The hooks wrap methods from the outside and call the originals unchanged, so a run that never
 reaches its phase is bit-identical to a plain one; the library knows nothing about them.
@@ -34,6 +38,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import sparrow.train.evaluation
@@ -45,12 +50,13 @@ from sparrow.rollout.model_runner import ModelRunner
 from sparrow.tasks.rewards import RewardResult, register_reward
 from sparrow.train.trainer import GRPOTrainer
 
-PHASES = ("none", "load", "eval", "rollout", "update", "checkpoint", "rename", "export")
+PHASES = ("none", "load", "eval", "rollout", "round", "update", "checkpoint", "rename", "export")
 
 
 class _Run:
     step = 0  # the training step in flight (1-based, as logged)
-    decodes_in_rollout: int | None = None  # decode calls since the step's first generate
+    generates = 0  # engine.generate calls in the step so far
+    decodes_in_rollout: int | None = None  # decode calls since the generate that pauses
 
 
 def _pause(phase: str, step: int, marker: Path) -> None:
@@ -67,6 +73,10 @@ def _pause(phase: str, step: int, marker: Path) -> None:
 
 def _length_reward(prompt: str, completion: str, reference: str) -> RewardResult:
     return RewardResult(len(completion) / 64.0)
+
+
+def _half_signal_reward(prompt: str, completion: str, reference: str) -> RewardResult:
+    return RewardResult(len(completion) / 64.0 if zlib.crc32(prompt.encode()) % 2 else 0.0)
 
 
 def install(phase: str, target: int, marker: Path) -> None:
@@ -100,11 +110,14 @@ def install(phase: str, target: int, marker: Path) -> None:
 
     def train_step(self):
         _Run.step = self.step + 1
+        _Run.generates = 0
         _Run.decodes_in_rollout = None
         return real_train_step(self)
 
     def generate(self, *args, **kwargs):
-        if phase == "rollout" and _Run.step == target and _Run.decodes_in_rollout is None:
+        _Run.generates += 1
+        pausing = {"rollout": 1, "round": 2}.get(phase) == _Run.generates
+        if pausing and _Run.step == target:
             _Run.decodes_in_rollout = 0
         return real_generate(self, *args, **kwargs)
 
@@ -157,5 +170,6 @@ if __name__ == "__main__":
     if phase not in PHASES:
         raise SystemExit(f"unknown phase {phase!r}: expected one of {PHASES}")
     register_reward("test_length", lambda cfg: _length_reward)
+    register_reward("test_half_signal", lambda cfg: _half_signal_reward)
     install(phase, int(step), Path(marker))
     sys.exit(main(overrides))

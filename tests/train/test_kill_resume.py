@@ -117,3 +117,59 @@ def test_sigkill_in_every_phase_loses_only_the_step_in_flight(tmp_path):
     assert verify(killed / "checkpoints" / "step_000006") is None
     weights = "policy/model.safetensors"
     assert (killed / weights).read_bytes() == (straight / weights).read_bytes()
+
+
+DYNAMIC = [
+    "preset=tiny",
+    "rl.steps=4",
+    "rl.save_every=1",
+    "rl.eval.every=0",
+    "rl.dynamic_sampling.enabled=true",
+    "rl.dynamic_sampling.max_rounds=3",
+    "rl.reward.name=test_half_signal",  # signal in about half the groups: steps need 2+ rounds
+]
+
+
+def _run_to_the_end(run_dir: Path, log: Path) -> None:
+    cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(log.with_suffix(".paused"))]
+    proc = _launch([*cmd, *DYNAMIC, f"run_dir={run_dir}"], log)
+    assert proc.wait(timeout=1200) == 0, log.with_suffix(".err").read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_round_of_dynamic_sampling_resumes_exactly(tmp_path):
+    """Dynamic sampling draws a step's prompts over several rounds; a SIGKILL in the second
+    round and resume=auto redo the step from its first round, with the same prompts and
+    samples: the uninterrupted run's metrics and weights."""
+    straight = tmp_path / "straight"
+    _run_to_the_end(straight, tmp_path / "straight")
+    expected = _rows_by_step(straight)
+    # A step after the first, so that the resume starts from a checkpoint whose data position
+    # already counts the earlier steps' extra rounds.
+    step = min(s for s, r in expected.items() if s >= 2 and r["sampling/rounds"] >= 2)
+
+    killed = tmp_path / "killed"
+    marker = tmp_path / "kill.paused"
+    cmd = [sys.executable, str(PAUSE_AT), "round", str(step), str(marker), *DYNAMIC]
+    proc = _launch([*cmd, f"run_dir={killed}"], tmp_path / "kill")
+    deadline = time.monotonic() + 1200
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), (tmp_path / "kill.err").read_text()[-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    logged = _rows_by_step(killed) if (killed / "metrics.jsonl").exists() else {}
+    assert max(logged, default=0) == step - 1  # the step in flight was not logged
+
+    _run_to_the_end(killed, tmp_path / "resume")
+    resumed = f"resumed from {killed / 'checkpoints' / f'step_{step - 1:06d}'}"
+    assert resumed in (tmp_path / "resume.out").read_text()
+    got = _rows_by_step(killed)
+    assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
+    keys = ("loss/loss", "reward/mean", "update/grad_norm", "rollout/tokens")
+    keys += tuple(k for k in expected[step] if k.startswith("sampling/"))
+    for s in expected:
+        for key in keys:
+            assert got[s][key] == expected[s][key], (s, key)
+    weights = "policy/model.safetensors"
+    assert (killed / weights).read_bytes() == (straight / weights).read_bytes()

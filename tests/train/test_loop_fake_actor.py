@@ -98,6 +98,16 @@ def test_two_steps_with_fake_actor(tmp_path):
     for (micro_batches, out), row in zip(seen, rows, strict=True):
         assert row["loss/loss"] == pytest.approx(_hand_loss(micro_batches), rel=1e-5, abs=1e-7)
         assert row["loss/loss"] == pytest.approx(out["loss"])
+        # The rollout correction's statistics, reduced over the micro-batches as over the batch.
+        ratios = torch.cat(
+            [
+                (mb["old_logprobs"] - mb["rollout_logprobs"])[mb["completion_mask"]].exp()
+                for mb in micro_batches
+            ]
+        )
+        assert row["correction/truncated_frac"] == pytest.approx(float((ratios > 2).float().mean()))
+        assert row["correction/weight_max"] == pytest.approx(float(ratios.clamp(max=2).max()))
+        assert row["correction/masked_frac"] == 0.0
     # theta is gathered once per step, for the adapter's base and the engine alike.
     assert len(gathers) == 2
     after = real_gather()

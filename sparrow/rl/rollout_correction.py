@@ -1,0 +1,161 @@
+"""Rollout correction: how much each token's loss counts, given that the token was sampled by the
+rollout engine (sparse, and numerically different) and not by the dense policy being trained.
+
+Per completion token, the log-ratio d = logp_old - logp_rollout (old: the dense policy before the
+update). Each mode turns d into a detached weight w >= 0 that multiplies the token's PPO loss;
+one pure function per mode, chosen once by `make_correction`:
+
+- `tis` (default): w = min(e^d, cap). Today's sparrow; equal to verl 0.9.1 `rollout_is="token"`,
+  TRL 1.16 `token_truncate` (clip_min None), SkyRL 0.3.0 `tis_ratio_type="token"`.
+- `token_mask` (IcePop, arXiv 2510.18855; "masked IS"): w = e^d if lo <= e^d <= hi, else 0.
+  Equal to OpenRLHF 0.11.2 `is_correction_level=token, is_correction_mode=mask` (its default
+  band [0.5, 5]), verl 0.9.1 `rollout_is="token", rollout_is_threshold="lo_hi"`, TRL 1.16
+  `token_mask`.
+- `seq_tis`: w = min(e^S, cap) on every token of a sequence, S = the sum of d over its completion
+  tokens (the product of its ratios). Equal to verl 0.9.1 `rollout_is="sequence"`, SkyRL 0.3.0
+  `tis_ratio_type="sequence"`, TRL 1.16 `sequence_truncate`.
+- `seq_mask` (geometric rejection): w = 1 on a sequence whose geometric-mean ratio e^(S/n)
+  (n completion tokens) is in [lo, hi], else 0 on all its tokens. Equal to verl 0.9.1
+  `rollout_rs="seq_mean_k1"` (symmetric bounds), SkyRL 0.3.0 `sequence_mask_metric="geometric"`.
+- `none`: w = 1.
+
+Peers that differ (so sparrow's mode is not theirs): OpenRLHF's `seq` mask keeps each surviving
+token's e^d as its weight; TRL's `sequence_mask` masks the product e^S, not the geometric mean,
+and weights survivors by e^S. Per-token log-ratios are clamped to +-MAX_LOG_RATIO before exp (as
+verl does), sequence sums after summing (verl, SkyRL); TRL clamps neither, so below e^-20 it keeps
+e^d where sparrow, verl and SkyRL keep e^-20.
+
+The weight changes the measure, not the objective: it is computed without gradient, so the
+gradient flows through the current log-probs alone (verl's rollout_corr_math.md §3.2.2).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+# Log-ratios are clamped before exp, as verl does, so a stray -inf log-prob cannot make inf * 0.
+MAX_LOG_RATIO = 20.0
+CORRECTION_MODES = ("tis", "token_mask", "seq_tis", "seq_mask", "none")
+
+
+@dataclass
+class CorrectionConfig:
+    mode: str = "tis"  # one of CORRECTION_MODES (the list above)
+    cap: float = 2.0  # C of tis and seq_tis: weights above C are truncated to C (Sparrow: 2-3)
+    lo: float = 0.5  # token_mask / seq_mask keep ratios in [lo, hi] (OpenRLHF's default band)
+    hi: float = 5.0  # upper end of that band
+
+    def __post_init__(self):
+        if self.mode not in CORRECTION_MODES:
+            raise ValueError(
+                f"rl.correction.mode={self.mode!r}: expected one of {CORRECTION_MODES}"
+            )
+        if self.cap <= 0 or not 0 <= self.lo <= self.hi:
+            raise ValueError(
+                "rl.correction needs cap > 0 and 0 <= lo <= hi, got "
+                f"cap={self.cap}, lo={self.lo}, hi={self.hi}"
+            )
+
+
+@dataclass
+class Correction:
+    weight: Tensor  # (B, T) detached, multiplies the token's loss
+    truncated: Tensor  # (B, T) bool, tokens whose weight was cut down to the cap
+    masked: Tensor  # (B, T) bool, tokens whose loss the correction zeroed
+
+
+CorrectionFn = Callable[[Tensor, Tensor, Tensor], Correction]
+
+
+def _token_log_ratio(old_logprobs: Tensor, rollout_logprobs: Tensor) -> Tensor:
+    """d = logp_old - logp_rollout, detached and clamped. (B, T) -> (B, T)."""
+    return (old_logprobs - rollout_logprobs).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+def _sequence_log_ratio(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """S = sum of d over each row's completion tokens, detached (off-mask garbage, e.g. -inf
+    padding log-probs, never enters). (B, T) -> (B, 1)."""
+    d = torch.where(mask, old_logprobs.detach() - rollout_logprobs.detach(), 0.0)  # (B, T)
+    return d.sum(-1, keepdim=True)
+
+
+def _nothing(mask: Tensor) -> Tensor:
+    return torch.zeros_like(mask)
+
+
+def token_tis(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float):
+    """Token-level truncated IS: w = min(e^d, cap).
+
+    Args:
+        old_logprobs, rollout_logprobs: (B, T). mask: (B, T) bool, completion tokens.
+    Returns:
+        Correction; truncated where e^d > cap.
+    """
+    ratio = torch.exp(_token_log_ratio(old_logprobs, rollout_logprobs))  # (B, T)
+    return Correction(ratio.clamp(max=cap), ratio > cap, _nothing(mask))
+
+
+def token_mask(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, lo: float, hi: float):
+    """IcePop / masked IS: w = e^d where lo <= e^d <= hi, else 0 (the token's loss is dropped).
+
+    Args:
+        old_logprobs, rollout_logprobs: (B, T). mask: (B, T) bool, completion tokens.
+    Returns:
+        Correction; masked where e^d is outside [lo, hi].
+    """
+    ratio = torch.exp(_token_log_ratio(old_logprobs, rollout_logprobs))  # (B, T)
+    keep = (ratio >= lo) & (ratio <= hi)  # (B, T)
+    return Correction(torch.where(keep, ratio, 0.0), _nothing(mask), ~keep)
+
+
+def sequence_tis(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float):
+    """Sequence-level truncated IS: every token of a row gets min(e^S, cap), S the row's summed
+    log-ratio (the product of its token ratios).
+
+    Args:
+        old_logprobs, rollout_logprobs: (B, T). mask: (B, T) bool, completion tokens.
+    Returns:
+        Correction; truncated on every token of a row whose e^S > cap.
+    """
+    log_s = _sequence_log_ratio(old_logprobs, rollout_logprobs, mask)  # (B, 1)
+    ratio = torch.exp(log_s.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # (B, 1)
+    weight = ratio.clamp(max=cap).expand_as(mask)  # (B, T)
+    return Correction(weight, (ratio > cap).expand_as(mask), _nothing(mask))
+
+
+def sequence_mask(
+    old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, lo: float, hi: float
+):
+    """Geometric sequence mask: a row is dropped (w = 0 on all its tokens) when its geometric-mean
+    ratio e^(S/n) is outside [lo, hi], n its completion tokens; kept rows get w = 1.
+
+    Args:
+        old_logprobs, rollout_logprobs: (B, T). mask: (B, T) bool, completion tokens.
+    Returns:
+        Correction; masked on every token of a dropped row.
+    """
+    log_s = _sequence_log_ratio(old_logprobs, rollout_logprobs, mask)  # (B, 1)
+    num_tokens = mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+    log_geo = (log_s / num_tokens).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, 1)
+    geo = torch.exp(log_geo)  # (B, 1)
+    keep = ((geo >= lo) & (geo <= hi)).expand_as(mask)  # (B, T)
+    return Correction(keep.to(old_logprobs.dtype), _nothing(mask), ~keep)
+
+
+def no_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor):
+    """w = 1: the tokens are trained as if the dense policy had sampled them. (B, T)."""
+    return Correction(torch.ones_like(old_logprobs), _nothing(mask), _nothing(mask))
+
+
+def make_correction(cfg: CorrectionConfig) -> CorrectionFn:
+    """The mode's function, (old_logprobs, rollout_logprobs, mask) (B, T) each -> Correction."""
+    return {
+        "tis": partial(token_tis, cap=cfg.cap),
+        "token_mask": partial(token_mask, lo=cfg.lo, hi=cfg.hi),
+        "seq_tis": partial(sequence_tis, cap=cfg.cap),
+        "seq_mask": partial(sequence_mask, lo=cfg.lo, hi=cfg.hi),
+        "none": no_correction,
+    }[cfg.mode]
