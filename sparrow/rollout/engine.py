@@ -284,8 +284,9 @@ class LLMEngine:
                 seq.completion_ids.append(completions[seq.seq_id][t])
                 if bm.needs_page(seq):
                     bm.append_page(seq)
-            # A copy: with CUDA graphs the logits buffer is overwritten by the next step.
-            rows = self.runner.decode(step, self._budgets(step), tracked).clone()  # (B, V)
+            rows = self.runner.decode(step, self._budgets(step), tracked)  # (B, V)
+            if self.runner.graphs is not None:  # the graph's buffer: the next step overwrites it
+                rows = rows.clone()  # eager (CPU) logits are the step's own: no copy
             for seq, row in zip(step, rows, strict=True):
                 logits[seq.seq_id].append(row)
         return [torch.stack(rows)[: len(c)] for rows, c in zip(logits, completions, strict=True)]

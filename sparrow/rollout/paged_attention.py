@@ -128,6 +128,8 @@ class PagedKVCache:
         self._workspace = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]
         # Sparse layers: selection and attention fused in C++ (CPU fp32, when it builds).
         self._fused_sparse = resolve_backend(cfg.backend, self.k) == "cpp"
+        # Whether the Triton kernels run (CUDA): resolved once, not per layer and step.
+        self._triton = uses_triton(cfg.backend, self.k)
         self.dense_copy = None
         if cfg.dense_kv_copy and not uses_triton(cfg.backend, self.k):
             self.dense_copy = DenseKVCopy(
@@ -153,13 +155,13 @@ class PagedKVCache:
     def writes_decode_summaries(self) -> bool:
         """Whether each sparse layer's decode KV write also refreshes the summary of the page it
         writes (the Triton path): the runner then skips `update_summaries` after decode."""
-        return uses_triton(self.cfg.backend, self.k)
+        return self._triton
 
     @property
     def dedupes_scoring(self) -> bool:
         """Whether sparse steps score shared pages once (CPU torch scoring): the runner then
         passes `DecodeMetadata.distinct` when the rows share enough pages."""
-        return not self._fused_sparse and not uses_triton(self.cfg.backend, self.k)
+        return not self._fused_sparse and not self._triton
 
     def begin_decode(self, seq_ids: list[int], seq_lens: list[int]) -> None:
         """Before each decode step: the rows' sequence ids and cached tokens (input included)."""
@@ -225,8 +227,10 @@ class PagedKVCache:
         summary = self.summaries[layer]
         # Triton: K, V and (sparse layers) the page summary in one launch; else the index copies,
         # and the runner refreshes the summaries of every sparse layer after the forward.
-        written = summary if self.writes_decode_summaries else None
-        append_kv(k_cache, v_cache, k, v, meta.slot_mapping, written, backend=self.cfg.backend)
+        if self._triton:
+            append_kv(k_cache, v_cache, k, v, meta.slot_mapping, summary, backend="triton")
+        else:
+            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         sparse = summary is not None and meta.budgets is not None
         if self._fused_sparse and (sparse or meta.shared_pages):
             # Sparse layers: selection and attention in one call. Dense layers of rows sampled
@@ -255,7 +259,7 @@ class PagedKVCache:
                 plan=meta.selection,
             )
         plan = None
-        if selected is None and not uses_triton(self.cfg.backend, q):
+        if selected is None and not self._triton:
 
             def dense_plan() -> GatherPlan:  # the same rows and mask for every dense layer
                 if meta.dense_plan is None:
