@@ -5,6 +5,8 @@
   side by side; writes docs/stability/ (stability_table.py: the table and overlay plots).
 - parity_study: learning parity of sparse (tail rule) vs dense rollouts over seeds at the
   default run's size; writes docs/parity/ (parity_table.py).
+- correction_study: rollout-correction modes and dynamic sampling at an aggressive fixed budget,
+  against dense, over seeds; writes docs/correction/ (correction_table.py).
 - study_runs: the arms of a study as sparrow-train processes (shared by the two studies above).
 - distill_study: the DistillSparse study on the trainer (theta frozen, the online controller with
   and without the adapter, several seeds); distill_tail: a finished run's held-out tail with and

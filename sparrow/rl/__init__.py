@@ -2,7 +2,8 @@
 
 batch.py                    RolloutBatch: the engine's outputs as padded (B, T) tensors
 advantages.py               group-relative advantages
-losses.py                   PPO clip (clip-higher, dual clip) x truncated importance sampling
+losses.py                   PPO clip (clip-higher, dual clip) x the rollout correction's weight
+rollout_correction.py       rl.correction: tis, token_mask, seq_tis, seq_mask, none (peer formulas)
 policy_logprobs.py          LogprobOutput and the module DeepSpeed wraps: decoder + chunked LM
                             head, each GRPO group's prompt (and the common prefix) run once
 micro_batches.py            rows into micro-batches: by count or by a token budget

@@ -3,6 +3,7 @@
     trainer.py         GRPOTrainer: train_step (the phases) and fit (evaluation, checkpoints)
     config.py          SparrowConfig: the dataclass tree conf/ is validated against
     step_report.py     rollout metrics, the plan line, the step and eval console lines
+    dynamic_sampling.py DAPO's rounds of prompts until the step holds its groups with signal
     phase_timer.py     wall time per phase; the phases tile the step
     evaluation.py      held-out accuracy with a Wilson interval, paired to the first evaluation
     checkpoint.py      atomic, verified checkpoints; keep-last-N; resume lookup

@@ -28,6 +28,16 @@ from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
 from sparrow.tasks.rewards import BatchScores, RewardStats
 
 
+# What a step with dynamic sampling logs (the dashboard's dynamic_sampling panel reads them).
+SAMPLING_METRICS = (
+    "sampling/groups_drawn",
+    "sampling/groups_kept",
+    "sampling/groups_dropped",
+    "sampling/rounds",
+    "sampling/round_limit_hit",
+)
+
+
 @dataclass
 class DynamicSamplingConfig:
     # Draw rounds of rl.prompts_per_step prompts until the step holds that many groups whose
@@ -97,13 +107,14 @@ def sample_step(
         kept = num_train
     drawn = sum(len(r.prompts) for r in rounds)
     totals = ranks.sums({"drawn": float(drawn), "kept": float(kept)})
-    metrics = {
-        "sampling/groups_drawn": totals["drawn"],
-        "sampling/groups_kept": totals["kept"],
-        "sampling/groups_dropped": totals["drawn"] - totals["kept"],
-        "sampling/rounds": float(len(rounds)),
-        "sampling/round_limit_hit": float(fewest < share),
-    }
+    values = (
+        totals["drawn"],
+        totals["kept"],
+        totals["drawn"] - totals["kept"],
+        float(len(rounds)),
+        float(fewest < share),
+    )
+    metrics = dict(zip(SAMPLING_METRICS, values, strict=True))
     every = [(r, p) for r, rnd in enumerate(rounds) for p in range(len(rnd.prompts))]
     everything = rounds[0] if len(rounds) == 1 else merge(rounds, every, group_size, collate)
     return Sampled(train, everything, metrics)

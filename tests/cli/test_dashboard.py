@@ -16,6 +16,7 @@ import pytest
 from sparrow.cli import report
 from sparrow.cli.report_runs import load_runs
 from sparrow.cli.wandb_workspace import HEATMAP_PRESET, build_workspace
+from sparrow.train.dynamic_sampling import SAMPLING_METRICS
 from sparrow.train.metrics_logger import read_metrics
 from sparrow.train.panels import PANELS, TAU_KEY, decoded_bins, layout, matches, resolve
 
@@ -50,25 +51,22 @@ def test_a_renamed_metric_fails_the_key_check(smoke_run):
     rows = read_metrics(smoke_run)
     renamed = {k.replace("update/clip_frac_low", "update/clipfrac_low") for r in rows for k in r}
     assert missing_keys([p for p in PANELS if not p.optional], renamed) == [
-        "clip_and_tis: update/clip_frac_low"
+        "clip: update/clip_frac_low"
     ]
 
 
-def test_rollout_correction_panels_match_the_keys_they_name(smoke_run):
+def test_dynamic_sampling_panel_matches_the_keys_it_logs():
+    """The optional panels are dynamic sampling's (rl.dynamic_sampling, off in the smoke run):
+    their keys are the ones sample_step logs."""
     optional = [p for p in PANELS if p.optional]
-    keys = _keys(smoke_run)
-    if not any(resolve(p, keys, None) for p in optional):
-        pytest.skip(
-            "no smoke run logs correction/*, mismatch/* or sampling/* yet: the rollout-correction "
-            "and dynamic-sampling features that log them are not on this branch"
-        )
-    assert missing_keys(optional, keys) == []
+    assert [p.name for p in optional] == ["dynamic_sampling"]
+    assert missing_keys(optional, set(SAMPLING_METRICS)) == []
 
 
 def test_workspace_is_built_offline_with_the_sections_and_the_tau_line(smoke_run):
     workspace = build_workspace([smoke_run], "an-entity", "a-project", "sparrow: the method")
     names = [s.name for s in workspace.sections]
-    assert names == ["Tail acceptance", "Budget", "Learning", "Cost"]
+    assert names == ["Tail acceptance", "Budget", "Learning", "Rollout correction", "Cost"]
     p5 = workspace.sections[0].panels[0]
     assert p5.title == "p5 acceptance"
     assert p5.y == ["accept/p5/bin0", "accept/p5/bin1", TAU_KEY]
