@@ -27,7 +27,6 @@ from sparrow.distributed import Ranks
 from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
 from sparrow.tasks.rewards import BatchScores, RewardStats
 
-
 # What a step with dynamic sampling logs (the dashboard's dynamic_sampling panel reads them).
 SAMPLING_METRICS = (
     "sampling/groups_drawn",

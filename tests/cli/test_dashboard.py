@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import matplotlib
-import pytest
 
 from sparrow.cli import report
 from sparrow.cli.report_runs import load_runs
