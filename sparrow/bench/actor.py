@@ -2,6 +2,7 @@
 
     sparrow-bench actor prefix [--repeats 3] [--tiny]   # share_prefix on vs off: pass times
     sparrow-bench actor memory 8 0 [--checkpointing]    # peak RSS of one update vs the estimate
+    sparrow-bench actor long-prompt 2 step              # peak RSS vs the memory plan, 3.2K prompts
 
 `prefix`: the log-prob pass and the update over a few-shot-shaped batch (8 groups x 6 rows,
 258-token prompts sharing their first 230 tokens, 25-token completions), the embedded SmolLM2
@@ -14,6 +15,11 @@ update beside the plan line's activation estimate of its largest micro-batch
 (sparrow.rl.actor_memory); one setting per process, as ru_maxrss only grows. On a GPU (the
 default device when there is one, `--device`) both run there, and `memory` reports the growth of
 CUDA's peak allocation instead.
+`long-prompt GROUPS PHASE`: the embedded SmolLM2 (fp32, checkpointing on, one micro-batch),
+GROUPS groups of 6 rows sharing 3,200-token prompts, 32 completion tokens; PHASE `logprobs` (the
+no-grad pass) or `step` (one update, AdamW's state created in it). Prints the peak RSS growth
+beside the run's memory plan for that phase (sparrow.train.memory_plan), prompts' K/V indexed out
+to the rows included; one setting per process.
 """
 
 import argparse
@@ -37,7 +43,8 @@ MEMORY_PROMPT, MEMORY_COMPLETION, MEMORY_VOCAB = 64, 1024, 300
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result = _prefix(args) if args.what == "prefix" else _memory(args)
+    run = {"prefix": _prefix, "memory": _memory, "long-prompt": _long_prompt}[args.what]
+    result = run(args)
     print(json.dumps(result))
     return 0
 
@@ -158,6 +165,52 @@ def _memory(args) -> dict:
     }
 
 
+def _long_prompt(args) -> dict:
+    from sparrow.rl.actor import DenseActor  # DeepSpeed: imported only when this runs
+    from sparrow.train.config import RLConfig, RolloutConfig, SparrowConfig
+    from sparrow.train.memory_plan import plan_memory
+
+    group, prompt, completion = 6, 3200, 32
+    cfg = ActorConfig(
+        zero_stage=0, precision="fp32", micro_batch_size=args.groups * group,
+        share_prompts=True, activation_checkpointing=True,
+    )  # fmt: skip
+    model = load_model(ModelConfig("smollm2-135m-instruct")).model.to(args.device)
+    actor = DenseActor(model, cfg)
+    batch = grouped_batch(args.groups, group, 0, prompt, completion, model.config.vocab_size)
+    before = _max_rss()
+    start = time.perf_counter()
+    if args.phase == "logprobs":
+        with torch.no_grad():
+            actor.compute_logprobs(
+                batch["input_ids"], batch["attention_mask"], topk=8,
+                prompt_lens=batch["prompt_lens"], group_ids=batch["group_ids"],
+            )  # fmt: skip
+    else:
+        loss_fn = policy_gradient_loss(int(batch["completion_mask"].sum()))
+        actor.train_step(actor.micro_batches(batch), loss_fn)
+    growth = _max_rss() - before
+    run = SparrowConfig(
+        rollout=RolloutConfig(max_new_tokens=completion),
+        rl=RLConfig(group_size=group, prompts_per_step=args.groups),
+        actor=cfg,
+    )
+    plan = plan_memory(run, ModelShape.from_hf_config(model.config), 1, False, prompt)
+    phase = "actor log-probs" if args.phase == "logprobs" else "actor step"
+    # Growth over the loaded model: the phase's peak less the weights and pool held before it;
+    # AdamW's state is created in the first step, so it counts in the step's growth only.
+    planned = plan.phases[phase] - plan.engine_resident
+    if args.phase == "logprobs":
+        planned -= plan.optimizer
+    return {
+        "groups": args.groups,
+        "phase": args.phase,
+        "seconds": round(time.perf_counter() - start, 1),
+        "peak_rss_growth_gib": round(growth / 2**30, 3),
+        "plan_gib": round(planned / 2**30, 3),
+    }
+
+
 def memory_model(device) -> torch.nn.Module:
     """The `memory` measurement's tiny Qwen3 (hidden 256, 4 layers), seeded, on `device`."""
     from transformers import AutoModelForCausalLM
@@ -188,6 +241,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "max_tokens", type=at_least(0), help="actor token budget per micro-batch; 0: off"
     )
     memory.add_argument("--checkpointing", action="store_true")
+    long_prompt = sub.add_parser("long-prompt", help="3.2K shared prompts: RSS vs the plan")
+    long_prompt.add_argument("groups", type=at_least(1), help="groups of 6 rows")
+    long_prompt.add_argument("phase", choices=("logprobs", "step"))
     args = p.parse_args(argv)
     args.device = torch.device(args.device) if args.device else bench_device()
     return args

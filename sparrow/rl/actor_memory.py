@@ -8,6 +8,11 @@ checkpointing every layer keeps all of it; with checkpointing only each layer's 
 plus one layer's activations and their gradients during its replay. The chunked lm_head adds
 `chunk_tokens` x vocab fp32 logits, log-softmax and gradient. Weights, gradients and optimizer
 states are not included (they do not depend on the micro-batch).
+
+With shared prompts the actor runs each prompt once, then indexes its K/V cache out to every row
+of the group before the completions run (sparrow.rl.policy_logprobs.group_shared_hidden): every
+layer holds rows x prompt cached K/V, not one prompt's (`row_expanded_cache_bytes`). At a 4K
+prompt and 48 rows that is 8 GiB of SmolLM2 fp32 cache that the per-token count misses.
 """
 
 from sparrow.models.shape import ModelShape
@@ -51,3 +56,22 @@ def micro_batch_decoder_tokens(
     groups = min(groups, rows)
     prefix = min(common_prefix, prompt) if share_prefix else 0
     return prefix + groups * (prompt - prefix) + rows * completion
+
+
+LOGPROB_COPIES = 2  # of the row-expanded prompt K/V held at the log-prob pass's peak
+STEP_COPIES = 4  # and at a training step's
+
+
+def row_expanded_cache_bytes(
+    shape: ModelShape, expanded_tokens: int, bytes_per_value: int = 2
+) -> int:
+    """Bytes of the shared prompts' K/V indexed out to their rows, `expanded_tokens` = sum over
+    the micro-batch's rows of its (padded) prompt length, held once. The no-grad log-prob pass
+    holds it LOGPROB_COPIES times (the expanded K/V and its concatenation with the completions'),
+    a training step STEP_COPIES times (those and their gradients): counts calibrated on
+    SmolLM2-135M fp32 with 6 rows x 3200-token prompts per group (`sparrow-bench actor
+    long-prompt`, checked in tests/train/test_memory_plan.py), where each further group added
+    0.4-0.7 GiB to the log-prob pass's peak RSS and 2.1-3.8 GiB to the step's, against 0.82 GiB
+    of this term."""
+    per_token = shape.num_layers * 2 * shape.kv_dim * bytes_per_value
+    return expanded_tokens * per_token

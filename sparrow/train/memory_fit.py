@@ -136,17 +136,24 @@ def _longest_row(cfg: SparrowConfig, plan) -> int:
 
 
 def _largest_budget(cfg: SparrowConfig, plan, usable: int) -> int | None:
-    """The largest token budget (a multiple of _BUDGET_STEP, at least the longest row) whose
-    plan fits; None if even the longest row's does not."""
+    """The largest token budget whose plan fits: a multiple of _BUDGET_STEP, or the longest row
+    when no multiple of at least that fits; None if even the longest row's plan does not."""
+
+    def fits(budget: int) -> bool:
+        sized = replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=budget))
+        return _peak(plan(sized)) <= usable
+
     row = _longest_row(cfg, plan)
-    if _peak(plan(replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=row)))) > usable:
+    if not fits(row):
         return None
-    low, high = row, max(row, plan(cfg).actor_tokens)  # low fits, high does not
-    while high - low > _BUDGET_STEP:
+    low = -(-row // _BUDGET_STEP)  # in steps: the smallest multiple at least the row
+    if not fits(low * _BUDGET_STEP):
+        return row
+    high = -(-max(row, plan(cfg).actor_tokens) // _BUDGET_STEP) + 1  # low fits, high not
+    while high - low > 1:
         mid = (low + high) // 2
-        sized = replace(cfg, actor=replace(cfg.actor, max_tokens_per_micro_batch=mid))
-        low, high = (mid, high) if _peak(plan(sized)) <= usable else (low, mid)
-    return max(row, low // _BUDGET_STEP * _BUDGET_STEP)
+        low, high = (mid, high) if fits(mid * _BUDGET_STEP) else (low, mid)
+    return low * _BUDGET_STEP
 
 
 def _peak(plan: MemoryPlan) -> int:

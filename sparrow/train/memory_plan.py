@@ -12,7 +12,8 @@ optimizer state, the engine's weight copy, KV pool and page summaries) plus its 
 - decode peak: the sampler's fp32 logits of a full batch;
 - actor log-probs: a no-grad forward of one micro-batch (one layer's activations, the causal
   mask, the lm_head chunk);
-- actor step: gradients plus the micro-batch's activations (sparrow.rl.actor_memory).
+- actor step: gradients plus the micro-batch's activations (sparrow.rl.actor_memory);
+- both actor phases: with shared prompts, the prompts' K/V indexed out to every row (`row_cache`).
 
 Sizes per value: weights and gradients in the model's dtype; AdamW's m and v in fp32, plus an fp32
 master copy when the actor trains in bf16; ZeRO stage >= 1 partitions optimizer state over the
@@ -25,7 +26,13 @@ from dataclasses import dataclass
 import torch
 
 from sparrow.models.shape import ModelShape
-from sparrow.rl.actor_memory import micro_batch_activation_bytes, micro_batch_decoder_tokens
+from sparrow.rl.actor_memory import (
+    LOGPROB_COPIES,
+    STEP_COPIES,
+    micro_batch_activation_bytes,
+    micro_batch_decoder_tokens,
+    row_expanded_cache_bytes,
+)
 from sparrow.train.config import SparrowConfig
 
 GiB = 2**30
@@ -46,6 +53,7 @@ class MemoryPlan:
     decode_extra: int
     logprob_extra: int
     step_activations: int
+    row_cache: int  # shared prompts' K/V expanded to the rows, once (held in copies)
     actor_tokens: int  # decoder tokens per actor micro-batch the plan assumed
     checkpointing: bool
 
@@ -64,8 +72,11 @@ class MemoryPlan:
             "resident": base,
             "prefill peak": base + self.prefill_extra,
             "decode peak": base + self.decode_extra,
-            "actor log-probs": base + self.logprob_extra,
-            "actor step": base + self.gradients + self.step_activations,
+            "actor log-probs": base + self.logprob_extra + LOGPROB_COPIES * self.row_cache,
+            "actor step": base
+            + self.gradients
+            + self.step_activations
+            + STEP_COPIES * self.row_cache,
         }
 
     def peak_phase(self) -> tuple[str, int]:
@@ -155,6 +166,25 @@ def actor_micro_batch_tokens(
     return tokens, f"{actor.micro_batch_size} rows at most"
 
 
+def actor_expanded_prompt_tokens(
+    cfg: SparrowConfig, world: int, longest_prompt: int | None = None
+) -> int:
+    """Prompt tokens of the largest micro-batch once indexed out to its rows (shared prompts
+    only): rows x the longest prompt, the rows being micro_batch_size (a group larger than it
+    runs whole), or under a token budget those of the groups whose prompts fit it (g prompts of
+    P tokens cost g x P <= budget, so at most group_size x budget), never more than this rank's
+    rows of a step."""
+    actor = cfg.actor
+    if not actor.share_prompts:
+        return 0
+    prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
+    group = cfg.rl.group_size
+    step_rows = -(-cfg.rl.prompts_per_step // world) * group
+    if actor.max_tokens_per_micro_batch > 0:
+        return min(max(prompt, group * actor.max_tokens_per_micro_batch), step_rows * prompt)
+    return min(max(actor.micro_batch_size, group), step_rows) * prompt
+
+
 def plan_memory(
     cfg: SparrowConfig,
     shape: ModelShape,
@@ -209,6 +239,9 @@ def plan_memory(
         ),  # fmt: skip
         step_activations=micro_batch_activation_bytes(
             shape, tokens, actor.activation_checkpointing, actor.logprob_chunk_tokens, value_bytes
+        ),
+        row_cache=row_expanded_cache_bytes(
+            shape, actor_expanded_prompt_tokens(cfg, world, longest_prompt), value_bytes
         ),
         actor_tokens=tokens,
         checkpointing=actor.activation_checkpointing,

@@ -12,9 +12,9 @@ from sparrow.models.model_config import read_model_config
 from sparrow.models.random_init import QWEN3_SHAPES, random_model_config
 from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_config import ActorConfig
-from sparrow.rl.actor_memory import micro_batch_activation_bytes
+from sparrow.rl.actor_memory import LOGPROB_COPIES, STEP_COPIES, micro_batch_activation_bytes
 from sparrow.rollout.engine import EngineConfig
-from sparrow.train.config import RolloutConfig, SparrowConfig
+from sparrow.train.config import RLConfig, RolloutConfig, SparrowConfig
 from sparrow.train.memory_plan import GiB, parameter_count, plan_memory
 
 TINY = ModelShape.from_hf_config(tiny_model_config("qwen3"))  # 4 layers, H 64, I 128, KV 2 x 16
@@ -66,7 +66,14 @@ def test_tiny_plan_by_hand():
     assert plan.step_activations == micro_batch_activation_bytes(TINY, 208, False, 1024, 4)
     resident = 2 * 4 * params + plan.kv_pool + plan.page_summaries + plan.dense_copies
     assert plan.phases["resident"] == resident + 8 * params
-    assert plan.phases["actor step"] == resident + 8 * params + 4 * params + plan.step_activations
+    # The group's prompt K/V indexed out to its rows: a group of 8 runs whole though
+    # micro_batch_size is 4, so 8 rows x 40 prompt tokens, 4 layers x K,V x kv_dim 32, fp32.
+    assert plan.row_cache == 8 * 40 * 4 * 2 * 32 * 4
+    logprobs = resident + 8 * params + plan.logprob_extra + LOGPROB_COPIES * plan.row_cache
+    assert plan.phases["actor log-probs"] == logprobs
+    assert plan.phases["actor step"] == (
+        resident + 8 * params + 4 * params + plan.step_activations + STEP_COPIES * plan.row_cache
+    )
 
 
 def test_zero_stages_and_bf16_partition_what_they_shard():
@@ -131,3 +138,45 @@ def test_shipped_configs_match_the_random_models(name, tmp_path):
     random = random_model_config(name.split("/")[1].lower())
     assert ModelShape.from_hf_config(config) == ModelShape.from_hf_config(random)
     assert config.model_type == "qwen3" and name.split("/")[1].lower() in QWEN3_SHAPES
+
+
+# `sparrow-bench actor long-prompt GROUPS PHASE` on this 2-core VM: peak RSS growth (GiB) of the
+# log-prob pass and of one update, SmolLM2-135M fp32, checkpointing on, GROUPS groups of 6 rows
+# sharing 3200-token prompts, 32 completion tokens; two runs per setting (the second with the
+# bench, the first with the same code as a script), RSS moving by up to 2 GiB between them.
+LONG_PROMPT_GIB = {
+    ("actor log-probs", 1): (1.664, 2.042),
+    ("actor log-probs", 2): (2.393, 2.439),
+    ("actor step", 1): (4.604, 5.057),
+    ("actor step", 2): (6.699, 8.862),
+}
+
+
+def test_plan_covers_long_shared_prompts_indexed_out_to_their_rows():
+    """The long_context run was killed for memory in its update while its plan said 11 GiB of
+    20.7: the plan did not count the prompts' K/V indexed out to every row. The plan must cover
+    the worst measured peak and its growth per group, without overstating them much."""
+    smollm2 = ModelShape(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True)
+
+    def planned(phase: str, groups: int) -> float:
+        cfg = SparrowConfig(
+            rollout=RolloutConfig(max_new_tokens=32),
+            rl=RLConfig(group_size=6, prompts_per_step=groups),
+            actor=ActorConfig(
+                zero_stage=0, precision="fp32", micro_batch_size=6 * groups,
+                activation_checkpointing=True,
+            ),
+        )  # fmt: skip
+        plan = plan_memory(cfg, smollm2, world=1, on_gpu=False, longest_prompt=3200)
+        held_before = plan.engine_resident + (plan.optimizer if phase == "actor log-probs" else 0)
+        return (plan.phases[phase] - held_before) / GiB
+
+    for phase in ("actor log-probs", "actor step"):
+        for groups in (1, 2):
+            worst = max(LONG_PROMPT_GIB[phase, groups])
+            assert worst <= planned(phase, groups) <= 2 * worst, (phase, groups)
+        per_group = planned(phase, 2) - planned(phase, 1)
+        measured = [
+            b - a for a, b in zip(*(LONG_PROMPT_GIB[phase, g] for g in (1, 2)), strict=True)
+        ]
+        assert max(measured) <= per_group <= 3 * max(measured), phase
