@@ -4,6 +4,13 @@ Alignment rule: the token at absolute position t of a sample (prompt + completio
 from the distribution conditioned on tokens < t, and every per-token array is aligned to the
 position of the token it describes. So `sampled_logprobs[b, t]` is the rollout policy's log-prob
 of `input_ids[b, t]`, to be compared with the actor's log-softmax of logits[b, t - 1].
+
+Two rollout log-probs per token, for two questions. `sampled_logprobs` (full vocabulary) is the
+sparse *policy*: the monitor compares it with the dense one. `behaviour_logprobs` is the
+distribution the token was actually *drawn* from, top-k/top-p truncated and renormalised: an
+importance weight pi/q is unbiased only with that q. With the full log-prob the weight of every
+kept token is off by the kept mass S (log-ratio off by log S), tests/rl/test_behaviour_logprobs.py.
+Without truncation the two are the same tensor values.
 Part of the RL algorithm's data, not of rollout/: `collate_rollouts` reads the engine's outputs by
 attribute, without importing it, so the engine never depends on the algorithm.
 """
@@ -32,6 +39,14 @@ class RolloutBatch:
     # Per row, the raw fp32 logits (C_b, V) its completion tokens were sampled from (the engine's
     # SamplingParams.return_logits), None for a row without; None when no row has them
     rollout_logits: list[Tensor | None] | None = None
+    # (B, T) fp32, log-prob of input_ids[:, t] under the top-k/top-p truncated distribution it was
+    # drawn from (the IS weight's denominator); None: not truncated, `sampled_logprobs` is it
+    behaviour_logprobs: Tensor | None = None
+
+    @property
+    def drawn_logprobs(self) -> Tensor:
+        """(B, T) the log-probs of the distribution each token was drawn from."""
+        return self.sampled_logprobs if self.behaviour_logprobs is None else self.behaviour_logprobs
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -84,6 +99,7 @@ def collate_rollouts(
     attention_mask = torch.zeros((batch, width), dtype=torch.bool)
     completion_mask = torch.zeros((batch, width), dtype=torch.bool)
     sampled_logprobs = torch.zeros((batch, width), dtype=torch.float32)
+    behaviour_logprobs = torch.zeros((batch, width), dtype=torch.float32)
     topk_ids = torch.zeros((batch, width, k), dtype=torch.int64)
     topk_logprobs = torch.zeros((batch, width, k), dtype=torch.float32)
     budget_pages = torch.zeros((batch, width), dtype=torch.int32)
@@ -99,10 +115,12 @@ def collate_rollouts(
         attention_mask[b, :end] = True
         completion_mask[b, p:end] = True
         sampled_logprobs[b, p:end] = out.logprobs
+        behaviour_logprobs[b, p:end] = out.sampling_logprobs
         topk_ids[b, p:end] = out.topk_ids
         topk_logprobs[b, p:end] = out.topk_logprobs
         budget_pages[b, p:end] = out.budget_pages
         prompt_lens[b] = p
+    drawn_full = behaviour_logprobs.equal(sampled_logprobs)  # no top-p/top-k truncation
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -115,6 +133,7 @@ def collate_rollouts(
         group_ids=torch.tensor(list(group_ids), dtype=torch.int64),
         finish_reasons=[o.finish_reason for o in outputs],
         rollout_logits=_rollout_logits(outputs),
+        behaviour_logprobs=None if drawn_full else behaviour_logprobs,
     )
 
 

@@ -2,9 +2,10 @@
 
 For every sampled token it returns two log-probs:
 - `logprobs`: full-vocabulary log-softmax of logits / temperature. This is the rollout policy the
-  dense actor is compared against (importance ratios, acceptance): top-k/top-p truncation is a
-  sampling device, and dividing by the truncated probability would bias the ratios.
-- `sampling_logprobs`: under the truncated, renormalised distribution actually sampled from.
+  acceptance monitor compares with the dense one: top-k/top-p truncation is a sampling device,
+  and the monitor compares policies, not draws.
+- `sampling_logprobs`: under the truncated, renormalised distribution actually sampled from: the
+  importance weight's denominator (sparrow.rl.batch), the only one that keeps it unbiased.
 plus the top-K ids and full-vocabulary log-probs (K = `topk_logprobs`). Greedy (temperature 0)
 reports log-probs at temperature 1. Seeded through one torch.Generator: the same engine seed and
 the same batches give the same tokens.

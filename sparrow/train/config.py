@@ -28,7 +28,7 @@ from sparrow.train.metrics_logger import LoggerConfig
 class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)  # the inference engine
     temperature: float = 1.0  # sampling temperature of training rollouts (the paper: 1)
-    top_p: float = 1.0  # nucleus mass; < 1 makes log-probs truncated (full-vocab ones are kept)
+    top_p: float = 1.0  # nucleus mass; < 1: IS weights use the truncated log-prob drawn from
     top_k: int | None = None  # keep the k most likely tokens; None keeps all
     max_new_tokens: int = 48  # completion length cap
     ignore_eos: bool = False  # generate max_new_tokens always (fixed-length benchmarks)

@@ -372,7 +372,7 @@ class GRPOTrainer(CheckpointedRun):
             "attention_mask": batch.attention_mask,
             "completion_mask": batch.completion_mask,
             "old_logprobs": dense.token_logprobs,
-            "rollout_logprobs": batch.sampled_logprobs,
+            "rollout_logprobs": batch.drawn_logprobs,  # truncated when top-p/top-k drew them
             "advantages": token_advantages,
             "prompt_lens": batch.prompt_lens,  # the group structure, for the shared prompt pass
             "group_ids": batch.group_ids,

@@ -13,7 +13,7 @@ def test_collated_logprobs_align_with_a_dense_forward(lively_llama):
     prompts = random_prompts(lively_llama.model.config.vocab_size, [5, 9])
     outs = engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=10), n=2)
     outs[1].token_ids = outs[1].token_ids[:4]  # ragged completions, as EOS would leave them
-    for name in ("logprobs", "topk_ids", "topk_logprobs", "budget_pages"):
+    for name in ("logprobs", "sampling_logprobs", "topk_ids", "topk_logprobs", "budget_pages"):
         setattr(outs[1], name, getattr(outs[1], name)[:4])
     batch = collate_rollouts(prompts, outs, pad_token_id=0)
     assert batch.input_ids.shape == (4, 19) and len(batch) == 4
@@ -28,6 +28,7 @@ def test_collated_logprobs_align_with_a_dense_forward(lively_llama):
     mask = batch.completion_mask[:, 1:]  # token t is predicted from logits at t - 1
     assert torch.allclose(dense[mask], batch.sampled_logprobs[:, 1:][mask], atol=1e-4)
     assert (batch.sampled_logprobs[~batch.completion_mask] == 0).all()
+    assert batch.behaviour_logprobs is None  # no top-p/top-k: drawn from the full distribution
     assert (batch.topk_ids[batch.completion_mask][:, 0] >= 0).all()
     assert (batch.budget_pages[batch.completion_mask] > 0).all()
     assert batch.finish_reasons == [o.finish_reason for o in outs]
