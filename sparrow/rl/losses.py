@@ -17,9 +17,18 @@ sparrow/rl/rollout_correction.py. The KL-to-reference estimators (k1 or k3, Schu
 "Approximating KL divergence") are here as pure functions, but the trainer keeps no reference
 policy: a nonzero kl_coef is refused at config load.
 
-Aggregation is the token mean over the whole step: each micro-batch's token sum is divided by the
-*global* completion-token count of the step, so summing the micro-batch losses (and all-reducing
-across ranks) gives the same loss and gradient for any split of the batch.
+Aggregation (`aggregation`, verl's `loss_agg_mode`) turns the per-token losses of the step into one
+number, always with *global* denominators, so that summing the micro-batch losses (and
+all-reducing across ranks) gives the same loss and gradient for any split of the batch (a row is
+never split):
+- `token_mean` (default; DAPO): sum over every completion token / the step's token count N.
+- `seq_mean_token_mean` (the original GRPO): the mean over the step's S sequences of each
+  sequence's token mean; verl 0.9.1 `seq-mean-token-mean` on one micro-batch.
+- `seq_mean_token_sum_norm` (Dr. GRPO, arXiv 2503.20783): each sequence's token *sum* over a
+  constant L (rollout.max_new_tokens), averaged over the S sequences, so a long answer is not
+  down-weighted per token. verl 0.9.1's `seq-mean-token-sum-norm` sums over sequences and divides
+  by the padded width instead, a divisor that changes with the micro-batch.
+The logged metrics stay token means whatever the aggregation.
 """
 
 from collections.abc import Callable
@@ -58,6 +67,16 @@ class LossConfig:
     dual_clip: float | None = 3.0
     kl_coef: float = 0.0  # weight of the KL-to-reference term; 0: off (no reference pass needed)
     kl_estimator: str = "k3"  # "k1" (logp - logp_ref) | "k3" (exp(d) - d - 1, d = logp_ref - logp)
+    aggregation: str = "token_mean"  # one of AGGREGATIONS (the module docstring)
+
+    def __post_init__(self):
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"rl.loss.aggregation={self.aggregation!r}: expected one of {AGGREGATIONS}"
+            )
+
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
 def ppo_clip_token_loss(
@@ -118,6 +137,32 @@ def global_token_mean(values: Tensor, mask: Tensor, global_num_tokens: float | T
     return torch.where(mask, values, torch.zeros_like(values)).sum() / global_num_tokens
 
 
+@dataclass(frozen=True)
+class StepCounts:
+    """The whole step's denominators (over all micro-batches and ranks)."""
+
+    tokens: float | Tensor  # completion tokens N
+    sequences: float | Tensor = 1.0  # sequences S (rows with completion tokens)
+    norm_length: int = 1  # Dr. GRPO's constant L (rollout.max_new_tokens)
+
+
+def aggregate(values: Tensor, mask: Tensor, mode: str, step: StepCounts) -> Tensor:
+    """This micro-batch's share of the step's aggregated loss (module docstring).
+
+    Args:
+        values: (B, T) per-token losses. mask: (B, T) bool, completion tokens.
+    Returns:
+        () scalar; the micro-batch shares add up to the step's value.
+    """
+    masked = torch.where(mask, values, torch.zeros_like(values))  # (B, T)
+    if mode == "token_mean":
+        return masked.sum() / step.tokens
+    row_sums = masked.sum(-1)  # (B,)
+    if mode == "seq_mean_token_mean":
+        return (row_sums / mask.sum(-1).clamp(min=1)).sum() / step.sequences
+    return row_sums.sum() / (step.sequences * step.norm_length)  # seq_mean_token_sum_norm
+
+
 class PolicyLoss:
     """The GRPO loss with its variants (dual clip, rollout correction, KL estimator) fixed at
     construction."""
@@ -149,6 +194,7 @@ class PolicyLoss:
         global_num_tokens: float | Tensor,
         ref_logprobs: Tensor | None = None,
         entropy: Tensor | None = None,
+        step: StepCounts | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss of one micro-batch, normalised by the step's global token count.
 
@@ -164,6 +210,8 @@ class PolicyLoss:
             ref_logprobs: (B, T) reference log-probs; required iff `needs_ref`.
             entropy: (B, T) per-token entropy to log (the actor's `LogprobOutput.entropy`), or
                 None.
+            step: the step's sequence count and L, needed by the seq_* aggregations (their token
+                count is `global_num_tokens`).
         Returns:
             loss: () scalar with grad. metrics: () detached tensors, keys and their reduction
             over micro-batches/ranks in METRIC_REDUCTIONS; min/max are +inf/-inf on a micro-batch
@@ -180,14 +228,19 @@ class PolicyLoss:
         correction = self._correction(old_logprobs, rollout_logprobs, loss_mask)
         pg = pg * correction.weight  # (B, T)
         mean = partial(global_token_mean, mask=loss_mask, global_num_tokens=global_num_tokens)
-        pg_loss = mean(pg)
+        if cfg.aggregation == "token_mean":
+            step = StepCounts(global_num_tokens)
+        elif step is None:
+            raise ValueError(f"aggregation {cfg.aggregation!r} needs the step's counts (step=)")
+        agg = partial(aggregate, mask=loss_mask, mode=cfg.aggregation, step=step)
+        pg_loss = agg(pg)
         loss = pg_loss
 
         metrics = {}
         if self._kl is not None:
             if ref_logprobs is None:
                 raise ValueError("kl_coef != 0 needs ref_logprobs")
-            kl = mean(self._kl(logprobs, ref_logprobs))
+            kl = agg(self._kl(logprobs, ref_logprobs))
             loss = loss + cfg.kl_coef * kl
             metrics["kl_ref"] = kl.detach()
         with torch.no_grad():

@@ -39,7 +39,7 @@ from sparrow.monitor.monitor import Monitor
 from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
-from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss
+from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss, StepCounts
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator, PromptsTooLong, load_eval_prompts, load_prompts
@@ -378,6 +378,10 @@ class GRPOTrainer(CheckpointedRun):
             "group_ids": batch.group_ids,
         }
         extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
+        step = None
+        if cfg.rl.loss.aggregation != "token_mean":  # the seq_* modes divide by sequences
+            sequences = self.ranks.sum(batch.completion_mask.any(-1).sum())
+            step = StepCounts(num_tokens, sequences, cfg.rollout.max_new_tokens)
 
         def loss_fn(logprobs, mb):
             loss, metrics = self.loss_fn(
@@ -387,6 +391,7 @@ class GRPOTrainer(CheckpointedRun):
                 mb["advantages"],
                 mb["completion_mask"],
                 num_tokens,
+                step=step,
             )
             for key in [k for k in metrics if METRIC_REDUCTIONS.get(k) in ("min", "max")]:
                 extremes.setdefault(key, []).append(float(metrics.pop(key)))
