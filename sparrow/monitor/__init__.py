@@ -7,5 +7,7 @@ The trainer calls one object, `monitor.Monitor` (docs/DESIGN.md §2 and §4).
     exact_acceptance.py    full-vocabulary acceptance from the kept logits (or a replay)
     acceptance_metrics.py  exact and top-K acceptance binned over all ranks: metrics and the
                            controller's per-bin stats
+    mismatch.py            the peers' rollout-vs-dense metrics: k1/k3 KL per bin, perplexity
+                           ratio, extreme token ratios
     speedup_probe.py       every few steps, the same prompts rolled out densely and timed
 """

@@ -9,7 +9,8 @@ measured on each step's own tokens. The trainer calls it twice per step:
 `plan` chooses the rows that roll out densely (the noise floor) and the rows whose logits the
 engine keeps (exact acceptance); `measure` computes the exact acceptance of those rows
 (exact_acceptance.py) and the paper's top-K bound of all rows, bins both by position over all
-ranks (acceptance_metrics.py), and every `speedup_every` steps times a dense re-rollout of the
+ranks (acceptance_metrics.py) with the peers' mismatch metrics (KL, perplexity ratio, extreme
+token ratios: mismatch.py), and every `speedup_every` steps times a dense re-rollout of the
 same prompts (speedup_probe.py). Its per-bin stats are the controller's input; the estimators and
 the binning are pure functions in sparrow/control/acceptance.py.
 """
@@ -22,6 +23,7 @@ from sparrow.distributed import Ranks
 from sparrow.monitor.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.monitor.config import MonitorConfig
 from sparrow.monitor.exact_acceptance import exact_batch_acceptance
+from sparrow.monitor.mismatch import mismatch_metrics
 from sparrow.monitor.rollout_plan import RolloutPlan, plan_rollout
 from sparrow.monitor.speedup_probe import measure_speedup
 from sparrow.rl.actor_config import ActorConfig
@@ -92,6 +94,14 @@ class Monitor:
             )
             exact = ExactAcceptance(values, rows)
         result = self.metrics.measure(batch, dense, plan.floor_rows, exact)
+        sparse_tokens = batch.completion_mask & ~plan.floor_rows[:, None]  # (B, T)
+        result.metrics |= mismatch_metrics(
+            batch.sampled_logprobs,
+            dense.token_logprobs,
+            sparse_tokens,
+            self.cfg.bin_tokens,
+            self.metrics.ranks,
+        )
         batch.rollout_logits = None
         result.metrics |= speedup
         return result

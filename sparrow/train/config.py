@@ -16,6 +16,7 @@ from sparrow.monitor.config import MonitorConfig
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.advantages import AdvantageConfig
 from sparrow.rl.losses import LossConfig
+from sparrow.rl.overlong import OverlongConfig
 from sparrow.rl.rollout_correction import CorrectionConfig
 from sparrow.rollout.engine import EngineConfig
 from sparrow.tasks.data import DataConfig
@@ -89,6 +90,8 @@ class RLConfig:
     # DAPO's dynamic sampling: rounds of prompts until the step holds prompts_per_step groups
     # with signal (sparrow/train/dynamic_sampling.py).
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    # DAPO's soft overlong penalty and overlong filtering (sparrow/rl/overlong.py); off.
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
 
     def __post_init__(self):
         # prompts_per_step's upper bound (the data size) is checked by the prompt iterator.

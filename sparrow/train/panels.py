@@ -109,6 +109,13 @@ PANELS = (
         (r"correction/(truncated|masked)_frac",),
         "fraction of tokens",
     ),
+    Panel("mismatch_kl", CORRECTION, (r"mismatch/k3/bin\d+",), "k3 KL(rollout || dense) per bin"),
+    Panel(
+        "mismatch",
+        CORRECTION,
+        (r"mismatch/(k1|k3|ppl_ratio)", r"mismatch/ratio_(max|min)"),
+        "rollout vs dense: KL, ppl ratio, extreme ratios",
+    ),
     Panel(
         "dynamic_sampling",
         CORRECTION,

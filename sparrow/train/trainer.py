@@ -40,6 +40,7 @@ from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss, StepCounts
+from sparrow.rl.overlong import overlong_penalty, truncated_rows
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator, PromptsTooLong, load_eval_prompts, load_prompts
@@ -227,8 +228,11 @@ class GRPOTrainer(CheckpointedRun):
         train, drawn = sampled.train, sampled.drawn
         rollout, scores = train.rollout, train.scores
         with timer("rewards"):
+            # The overlong penalty shapes the advantages only: accuracy and dynamic sampling's
+            # filter read the task's scores (DAPO filters on accuracy).
+            rewards, overlong = self._overlong(scores.scores, rollout.batch)  # (B,)
             # GRPO groups never span ranks (a rank rolls out whole groups): advantages are local.
-            advantages = self.advantage_fn(scores.scores, rollout.batch.group_ids)  # (B,)
+            advantages = self.advantage_fn(rewards, rollout.batch.group_ids)  # (B,)
         with timer("logprobs"):
             dense = self._logprobs(rollout.batch)
         with timer("monitor"):
@@ -239,7 +243,9 @@ class GRPOTrainer(CheckpointedRun):
         with timer("update"):
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
-            update = self._policy_update(rollout.batch, dense, token_advantages, num_tokens)
+            update = self._policy_update(
+                rollout.batch, dense, token_advantages, num_tokens, overlong["masked"]
+            )
         with timer("distill"):
             # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
             # frozen base and for the engine; a frozen theta (rl.update_policy=false) is in both.
@@ -257,7 +263,7 @@ class GRPOTrainer(CheckpointedRun):
         )
         metrics["rollout/preemptions"] = self.ranks.sum(drawn.rollout.stats.num_preemptions)
         metrics |= acceptance.metrics | control | self._kv_read(drawn.rollout.batch)
-        metrics |= sampled.metrics | update_metrics(update | distill)
+        metrics |= sampled.metrics | update_metrics(update | distill) | overlong["metrics"]
         metrics |= self.ranks.sums(drawn.scores.stats.as_metrics())
         return metrics | times | throughput_metrics(metrics["rollout/tokens"], self.world, times)
 
@@ -358,19 +364,44 @@ class GRPOTrainer(CheckpointedRun):
             metrics[f"schedule/budget_pages/bin{i}"] = b
         return metrics
 
-    def _policy_update(self, batch: RolloutBatch, dense, token_advantages, num_tokens) -> dict:
+    def _overlong(self, scores, batch: RolloutBatch) -> tuple:
+        """The rewards the advantages see (the task's scores plus DAPO's soft overlong penalty)
+        and {"masked": (B,) bool rows the loss leaves out or None, "metrics": overlong/*}."""
+        cfg = self.cfg.rl.overlong
+        truncated = truncated_rows(batch.finish_reasons)  # (B,)
+        lengths = batch.completion_mask.sum(-1)  # (B,)
+        penalty = overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, cfg)  # (B,)
+        metrics = {}
+        if cfg.buffer or cfg.mask_truncated:
+            n = len(batch)
+            metrics = {
+                "overlong/penalty_mean": self.ranks.mean(float(penalty.sum()), n),
+                "overlong/truncated_frac": self.ranks.mean(float(truncated.sum()), n),
+            }
+        masked = truncated if cfg.mask_truncated else None
+        return scores + penalty, {"masked": masked, "metrics": metrics}
+
+    def _policy_update(
+        self, batch: RolloutBatch, dense, token_advantages, num_tokens, masked_rows=None
+    ) -> dict:
         """One GRPO/TIS update of theta on the batch (ratios against the dense log-probs `dense`
-        taken before the update), with its metrics reduced over ranks."""
+        taken before the update), with its metrics reduced over ranks; `masked_rows` (B,) bool:
+        completions the loss leaves out (rl.overlong.mask_truncated)."""
         cfg = self.cfg
         if not cfg.rl.update_policy:
             return {"policy_frozen": 1.0}
+        loss_mask = batch.completion_mask
+        if masked_rows is not None:  # out of the loss and of its token count
+            loss_mask = loss_mask & ~masked_rows[:, None]
+            token_advantages = token_advantages * loss_mask
+            num_tokens = max(self.ranks.sum(loss_mask.sum()), 1.0)  # all cut: a zero loss
         if cfg.rl.skip_no_signal and self.ranks.sum(token_advantages.ne(0).sum()) == 0:
             log.info("step %d: every advantage is zero, update skipped", self.step + 1)
             return {"no_signal": 1.0, "lr": self.actor.lr}
         train_batch = {
             "input_ids": batch.input_ids,
             "attention_mask": batch.attention_mask,
-            "completion_mask": batch.completion_mask,
+            "completion_mask": loss_mask,
             "old_logprobs": dense.token_logprobs,
             "rollout_logprobs": batch.drawn_logprobs,  # truncated when top-p/top-k drew them
             "advantages": token_advantages,
@@ -380,7 +411,7 @@ class GRPOTrainer(CheckpointedRun):
         extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
         step = None
         if cfg.rl.loss.aggregation != "token_mean":  # the seq_* modes divide by sequences
-            sequences = self.ranks.sum(batch.completion_mask.any(-1).sum())
+            sequences = self.ranks.sum(loss_mask.any(-1).sum())
             step = StepCounts(num_tokens, sequences, cfg.rollout.max_new_tokens)
 
         def loss_fn(logprobs, mb):
