@@ -2,14 +2,17 @@
 
 batch.py                    RolloutBatch: the engine's outputs as padded (B, T) tensors
 advantages.py               group-relative advantages
-losses.py                   PPO clip (clip-higher, dual clip) x the rollout correction's weight
+losses.py                   PPO clip (clip-higher, dual clip) x the rollout correction's weight,
+                            loss aggregation modes, the KL-to-reference term
 rollout_correction.py       rl.correction: tis, token_mask, seq_tis, seq_mask, none (peer formulas)
+overlong.py                 DAPO's soft overlong penalty and overlong filtering
+reference.py                the KL term's frozen reference policy (the initial weights)
 policy_logprobs.py          LogprobOutput and the module DeepSpeed wraps: decoder + chunked LM
                             head, each GRPO group's prompt (and the common prefix) run once
 micro_batches.py            rows into micro-batches: by count or by a token budget
 activation_checkpointing.py recompute the decoder layers in backward
 actor_config.py             ActorConfig and the LR schedule (no DeepSpeed)
-actor_memory.py             the activation estimate of the plan line
+actor_memory.py             the activation estimate of the plan line, the row-expanded prompt K/V
 deterministic_backward.py   torch's deterministic kernels around the update's backward (CPU)
 actor.py                    DenseActor: DeepSpeed ZeRO (the only module importing it)
 """

@@ -13,9 +13,9 @@ times the rollout correction's detached weight, which corrects for sampling from
 engine rather than from the dense policy: by default the truncated importance sampling weight
 min(exp(logp_old - logp_rollout), C) (Sparrow §RL recipe; Yao et al., "Your efficient RL
 framework secretly brings you off-policy RL training"); the other modes are in
-sparrow/rl/rollout_correction.py. The KL-to-reference estimators (k1 or k3, Schulman's
-"Approximating KL divergence") are here as pure functions, but the trainer keeps no reference
-policy: a nonzero kl_coef is refused at config load.
+sparrow/rl/rollout_correction.py. With kl_coef > 0, kl_coef x the KL to a frozen reference policy
+(the initial weights, sparrow/rl/reference.py) is added, estimated per token by k1 or k3
+(Schulman's "Approximating KL divergence") and aggregated like the policy loss.
 
 Aggregation (`aggregation`, verl's `loss_agg_mode`) turns the per-token losses of the step into one
 number, always with *global* denominators, so that summing the micro-batch losses (and
@@ -70,6 +70,12 @@ class LossConfig:
     aggregation: str = "token_mean"  # one of AGGREGATIONS (the module docstring)
 
     def __post_init__(self):
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(
+                f"rl.loss.kl_estimator={self.kl_estimator!r}: expected one of ('k1', 'k3')"
+            )
+        if self.kl_coef < 0:
+            raise ValueError(f"rl.loss.kl_coef must be >= 0, got {self.kl_coef}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"rl.loss.aggregation={self.aggregation!r}: expected one of {AGGREGATIONS}"

@@ -200,9 +200,3 @@ def check_shared_knobs(cfg: SparrowConfig) -> None:
     for name, value, source, expected in shared:
         if value != expected:
             raise ValueError(f"{name}={value} differs from {source}={expected}: set {source} alone")
-    if cfg.rl.loss.kl_coef != 0:
-        # The paper's recipe uses no KL term; a reference policy would cost a third forward.
-        raise ValueError(
-            f"rl.loss.kl_coef={cfg.rl.loss.kl_coef}: sparrow keeps no reference policy for a KL "
-            "term; use rl.loss.kl_coef=0"
-        )

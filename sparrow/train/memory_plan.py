@@ -56,13 +56,14 @@ class MemoryPlan:
     row_cache: int  # shared prompts' K/V expanded to the rows, once (held in copies)
     actor_tokens: int  # decoder tokens per actor micro-batch the plan assumed
     checkpointing: bool
+    reference_weights: int = 0  # rl.loss.kl_coef > 0: a full frozen copy of the initial weights
 
     @property
     def engine_resident(self) -> int:
         """What the trainer holds once the engine is built, before the optimizer's state exists:
         both weight copies and the pool (the GPU rehearsal's "engine resident")."""
         engine = self.engine_weights + self.kv_pool + self.page_summaries + self.dense_copies
-        return self.actor_weights + engine
+        return self.actor_weights + self.reference_weights + engine
 
     @property
     def phases(self) -> dict[str, int]:
@@ -91,6 +92,8 @@ class MemoryPlan:
             ("engine resident", self.engine_resident),
             ("optimizer state", self.optimizer),
         ]
+        if self.reference_weights:
+            parts.insert(1, ("reference weights (KL)", self.reference_weights))
         lines = [f"memory plan ({device_name}: {device_bytes / GiB:.1f} GiB)", "  parts:"]
         lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in parts]
         lines.append("  held at each phase's peak (resident: engine resident + optimizer state):")
@@ -245,6 +248,7 @@ def plan_memory(
         ),
         actor_tokens=tokens,
         checkpointing=actor.activation_checkpointing,
+        reference_weights=params * model_bytes if cfg.rl.loss.kl_coef else 0,
     )
 
 

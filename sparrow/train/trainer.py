@@ -42,6 +42,7 @@ from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss, StepCounts
 from sparrow.rl.overlong import overlong_penalty, truncated_rows
 from sparrow.rl.policy_logprobs import LogprobOutput
+from sparrow.rl.reference import ReferencePolicy
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator, PromptsTooLong, load_eval_prompts, load_prompts
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
@@ -133,7 +134,12 @@ class GRPOTrainer(CheckpointedRun):
             if cfg.distill.enabled and cfg.schedule.mode != "dense"
             else None
         )
+        # The KL term's reference: the initial weights, copied before ZeRO-3 can partition them.
+        reference = None
+        if cfg.rl.loss.kl_coef != 0:
+            reference = ReferencePolicy(loaded.model, cfg.actor)
         self.actor = make_actor(loaded.model, cfg.actor)
+        self.reference = reference and reference.to(next(self.actor.model.parameters()).device)
         self.rank, self.world = self.actor.rank, self.actor.world_size
         self.ranks = Ranks(self.rank, self.world)
         self.run_dir = Path(cfg.run_dir)
@@ -415,6 +421,9 @@ class GRPOTrainer(CheckpointedRun):
             step = StepCounts(num_tokens, sequences, cfg.rollout.max_new_tokens)
 
         def loss_fn(logprobs, mb):
+            ref = None
+            if self.reference is not None:  # in the actor's micro-batches, without grad
+                ref = self.reference.token_logprobs(mb, cfg.rollout.temperature)
             loss, metrics = self.loss_fn(
                 logprobs,
                 mb["old_logprobs"],
@@ -422,6 +431,7 @@ class GRPOTrainer(CheckpointedRun):
                 mb["advantages"],
                 mb["completion_mask"],
                 num_tokens,
+                ref_logprobs=ref,
                 step=step,
             )
             for key in [k for k in metrics if METRIC_REDUCTIONS.get(k) in ("min", "max")]:

@@ -1,0 +1,41 @@
+"""The frozen reference policy of a KL-to-reference loss (rl.loss.kl_coef > 0): the run's initial
+weights, copied before the actor wraps (and under ZeRO-3 partitions) the model, so a resumed run
+keeps the reference of its first launch (the checkpoint is loaded into the actor afterwards).
+
+Its log-probs are taken without grad over the actor's own micro-batches, with the actor's pass
+(PolicyWithLogprobs: each group's prompt once), in the update phase.
+
+What it does not do: partition itself. Each rank holds a full copy in the model's dtype (0.54 GB
+for SmolLM2-135M in fp32, 3.4 GB for Qwen3-1.7B in bf16; the memory plan counts it); under ZeRO-3
+at large sizes that copy is what a user would want sharded.
+"""
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from sparrow.rl.actor_config import ActorConfig
+from sparrow.rl.policy_logprobs import PolicyWithLogprobs
+
+
+class ReferencePolicy:
+    def __init__(self, model: nn.Module, cfg: ActorConfig):
+        frozen = copy.deepcopy(model).eval().requires_grad_(False)
+        self.policy = PolicyWithLogprobs(frozen, cfg.logprob_chunk_tokens, cfg.share_prefix)
+        self.share_prompts = cfg.share_prompts
+
+    def to(self, device: torch.device) -> "ReferencePolicy":
+        self.policy.to(device)
+        return self
+
+    @torch.no_grad()
+    def token_logprobs(self, micro_batch: dict[str, Tensor], temperature: float) -> Tensor:
+        """(b, T) fp32 log-probs of the micro-batch's tokens (0 at t = 0 and on padding)."""
+        device = next(self.policy.parameters()).device
+        mb = {k: v.to(device) for k, v in micro_batch.items()}
+        groups = ()
+        if self.share_prompts and "prompt_lens" in mb and "group_ids" in mb:
+            groups = (mb["prompt_lens"], mb["group_ids"])
+        scores = self.policy(mb["input_ids"], mb["attention_mask"], 0, temperature, *groups)
+        return scores[0]
