@@ -3,10 +3,13 @@
 A micro-batch is a contiguous row range (rows of a GRPO group are consecutive). Two rules:
 - by rows (`micro_batch_slices`): `micro_batch_size` rows, or whole groups packed up to it;
 - by tokens (`token_budget_slices`): as many rows as fit `max_tokens` decoder tokens of the
-  padded layout the policy runs (`layout_tokens`). A group that fits a fresh micro-batch is kept
-  whole, so its prompt is computed once; a group that does not (long generations: 8 rows x 16K
-  tokens) is split row-wise, each part computing the prompt again. Activation memory then
-  follows the budget, not the group size.
+  padded layout the policy runs (`layout_tokens`), and, with shared prompts, as many rows x the
+  longest prompt: the policy indexes each group's prompt K/V out to every row of the group
+  before the completions run, so the rows' prompts are held in every layer although they are
+  computed once. A group that fits a fresh micro-batch is kept whole, so its prompt is computed
+  once; a group that does not (long generations: 8 rows x 16K tokens; long prompts: 8 rows x 4K)
+  is split row-wise, each part computing the prompt again. Activation memory then follows the
+  budget, not the group size (sparrow.train.memory_plan).
 Splitting never changes the loss or the gradient: the loss is normalised by the global token
 count of the step, so the applied gradient is the plain sum over micro-batches.
 """
@@ -56,10 +59,10 @@ def token_budget_slices(
     prompt_lens: Tensor | None = None,
     group_ids: Tensor | None = None,
 ) -> list[slice]:
-    """Row ranges whose `layout_tokens` stay within `max_tokens` (a single row over the budget
-    gets a micro-batch of its own). lengths (B,) real tokens per row; with `prompt_lens` and
-    `group_ids` (B,) groups share their prompt and stay whole where a fresh micro-batch holds
-    them, else are split row-wise."""
+    """Row ranges whose `layout_tokens`, and with shared prompts their rows x longest prompt,
+    stay within `max_tokens` (a single row over the budget gets a micro-batch of its own).
+    lengths (B,) real tokens per row; with `prompt_lens` and `group_ids` (B,) groups share their
+    prompt and stay whole where a fresh micro-batch holds them, else are split row-wise."""
     shared = prompt_lens is not None and group_ids is not None
     num_rows = len(lengths)
     runs = _runs(group_ids) if shared else [slice(r, r + 1) for r in range(num_rows)]
@@ -67,7 +70,8 @@ def token_budget_slices(
     def cost(rows: slice) -> int:
         if not shared:
             return layout_tokens(lengths[rows])
-        return layout_tokens(lengths[rows], prompt_lens[rows], group_ids[rows])
+        expanded = (rows.stop - rows.start) * int(prompt_lens[rows].max())  # K/V held per row
+        return max(layout_tokens(lengths[rows], prompt_lens[rows], group_ids[rows]), expanded)
 
     slices: list[slice] = []
     for group in runs:

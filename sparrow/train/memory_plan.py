@@ -174,9 +174,9 @@ def actor_expanded_prompt_tokens(
 ) -> int:
     """Prompt tokens of the largest micro-batch once indexed out to its rows (shared prompts
     only): rows x the longest prompt, the rows being micro_batch_size (a group larger than it
-    runs whole), or under a token budget those of the groups whose prompts fit it (g prompts of
-    P tokens cost g x P <= budget, so at most group_size x budget), never more than this rank's
-    rows of a step."""
+    runs whole); under a token budget the packing keeps rows x prompt within the budget
+    (sparrow.rl.micro_batches), the longest row alone excepted. Never more than this rank's rows
+    of a step."""
     actor = cfg.actor
     if not actor.share_prompts:
         return 0
@@ -184,7 +184,7 @@ def actor_expanded_prompt_tokens(
     group = cfg.rl.group_size
     step_rows = -(-cfg.rl.prompts_per_step // world) * group
     if actor.max_tokens_per_micro_batch > 0:
-        return min(max(prompt, group * actor.max_tokens_per_micro_batch), step_rows * prompt)
+        return min(max(prompt, actor.max_tokens_per_micro_batch), step_rows * prompt)
     return min(max(actor.micro_batch_size, group), step_rows) * prompt
 
 

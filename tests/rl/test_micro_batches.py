@@ -25,11 +25,11 @@ def test_layout_tokens_counts_the_padded_passes():
 
 
 def test_groups_that_fit_stay_whole():
-    lengths, prompts, groups = _rows([(10, [5] * 4), (10, [5] * 4), (10, [5] * 4)])
-    # One group costs 10 + 4 * 5 = 30; two cost 60.
-    assert token_budget_slices(lengths, 60, prompts, groups) == [slice(0, 8), slice(8, 12)]
-    # 45 holds one group but not a group and a half: no group is cut.
-    assert token_budget_slices(lengths, 45, prompts, groups) == [
+    lengths, prompts, groups = _rows([(4, [10] * 4), (4, [10] * 4), (4, [10] * 4)])
+    # One group costs 4 + 4 * 10 = 44; two cost 88.
+    assert token_budget_slices(lengths, 88, prompts, groups) == [slice(0, 8), slice(8, 12)]
+    # 60 holds one group but not a group and a half: no group is cut.
+    assert token_budget_slices(lengths, 60, prompts, groups) == [
         slice(0, 4),
         slice(4, 8),
         slice(8, 12),
@@ -45,6 +45,16 @@ def test_a_group_over_the_budget_is_split_row_wise():
         assert layout_tokens(lengths[sl], prompts[sl], groups[sl]) <= 70
     # A budget below one row still gives every row a micro-batch.
     assert token_budget_slices(lengths, 5, prompts, groups) == [slice(r, r + 1) for r in range(8)]
+
+
+def test_long_prompts_count_once_per_row_they_are_held_for():
+    """The policy computes a group's prompt once but holds its K/V for every row: 4 rows of a
+    100-token prompt hold 400 tokens of K/V though the layout is 100 + 4 * 2 = 108."""
+    lengths, prompts, groups = _rows([(100, [2] * 4), (100, [2] * 4)])
+    slices = token_budget_slices(lengths, 250, prompts, groups)
+    assert slices == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)]
+    for sl in slices:
+        assert (sl.stop - sl.start) * int(prompts[sl].max()) <= 250
 
 
 def test_memory_follows_the_budget_not_the_group_size():

@@ -38,8 +38,8 @@ def _poison(trainer: GRPOTrainer, nan_loss_steps: set[int], inf_grad_steps: set[
     """Fault the given steps; returns the weights the engine receives after each step."""
     real_loss = trainer.loss_fn
 
-    def loss_fn(*args):
-        loss, metrics = real_loss(*args)
+    def loss_fn(*args, **kwargs):
+        loss, metrics = real_loss(*args, **kwargs)
         return (loss * math.nan if trainer.step + 1 in nan_loss_steps else loss), metrics
 
     def grad_hook(grad):
