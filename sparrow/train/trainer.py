@@ -417,7 +417,7 @@ class GRPOTrainer(CheckpointedRun):
         extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
         step = None
         if cfg.rl.loss.aggregation != "token_mean":  # the seq_* modes divide by sequences
-            sequences = self.ranks.sum(loss_mask.any(-1).sum())
+            sequences = max(self.ranks.sum(loss_mask.any(-1).sum()), 1.0)
             step = StepCounts(num_tokens, sequences, cfg.rollout.max_new_tokens)
 
         def loss_fn(logprobs, mb):

@@ -139,9 +139,11 @@ def test_only_bins_that_decoded_are_drawn_one_colour_each_legend_outside(tmp_pat
 
     runs, keys, bins = load_runs([DEFAULT_RUN], bin_tokens=32)
     assert sum(k.startswith("schedule/budget_pages/bin") for k in keys) == 13
-    assert bins == {12, 13}  # the completions: positions 384-447; bins 0-11 are the prompt
+    # The completions: positions 383-447 (the shortest prompts end at 383); bins 0-10 are prompt.
+    assert bins == {11, 12, 13}
     panels = {p.name: p for p in PANELS}
-    assert resolve(panels["budget"], keys, bins) == ["schedule/budget_pages/bin12"]
+    budget = ["schedule/budget_pages/bin11", "schedule/budget_pages/bin12"]
+    assert resolve(panels["budget"], keys, bins) == budget
 
     fig, ax = plt.subplots(layout="constrained")
     assert draw(
@@ -149,15 +151,16 @@ def test_only_bins_that_decoded_are_drawn_one_colour_each_legend_outside(tmp_pat
         panels["p5_acceptance"],
         resolve(panels["p5_acceptance"], keys, bins),
         runs,
-        Palette([12, 13]),
+        Palette([11, 12, 13]),
     )
     fig.canvas.draw()
     lines = [line for line in ax.get_lines() if line.get_label().startswith("accept/p5")]
     assert [line.get_label() for line in lines] == [
+        "accept/p5 pos 352-383",
         "accept/p5 pos 384-415",
         "accept/p5 pos 416-447",
     ]
-    assert len({line.get_color() for line in lines}) == 2
+    assert len({line.get_color() for line in lines}) == 3
     tau = [line for line in ax.get_lines() if line.get_label().startswith("tau")]
     assert len(tau) == 1 and tau[0].get_ydata()[0] == 0.86
     legend = ax.get_legend().get_window_extent()
