@@ -18,8 +18,9 @@ CUDA's peak allocation instead.
 `long-prompt GROUPS PHASE`: the embedded SmolLM2 (fp32, checkpointing on, one micro-batch),
 GROUPS groups of 6 rows sharing 3,200-token prompts, 32 completion tokens; PHASE `logprobs` (the
 no-grad pass) or `step` (one update, AdamW's state created in it). Prints the peak RSS growth
-beside the run's memory plan for that phase (sparrow.train.memory_plan), prompts' K/V indexed out
-to the rows included; one setting per process.
+(on a GPU: of CUDA's peak allocation) beside the run's memory plan for that phase
+(sparrow.train.memory_plan), prompts' K/V indexed out to the rows included; one setting per
+process.
 """
 
 import argparse
@@ -177,8 +178,12 @@ def _long_prompt(args) -> dict:
     )  # fmt: skip
     model = load_model(ModelConfig("smollm2-135m-instruct")).model.to(args.device)
     actor = DenseActor(model, cfg)
-    batch = grouped_batch(args.groups, group, 0, prompt, completion, model.config.vocab_size)
-    before = _max_rss()
+    vocab = model.config.vocab_size
+    batch = grouped_batch(args.groups, group, 0, prompt, completion, vocab, args.device)
+    cuda = args.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(args.device)
+    before = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
     start = time.perf_counter()
     if args.phase == "logprobs":
         with torch.no_grad():
@@ -189,13 +194,14 @@ def _long_prompt(args) -> dict:
     else:
         loss_fn = policy_gradient_loss(int(batch["completion_mask"].sum()))
         actor.train_step(actor.micro_batches(batch), loss_fn)
-    growth = _max_rss() - before
+    peak = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
+    growth = peak - before
     run = SparrowConfig(
         rollout=RolloutConfig(max_new_tokens=completion),
         rl=RLConfig(group_size=group, prompts_per_step=args.groups),
         actor=cfg,
     )
-    plan = plan_memory(run, ModelShape.from_hf_config(model.config), 1, False, prompt)
+    plan = plan_memory(run, ModelShape.from_hf_config(model.config), 1, cuda, prompt)
     phase = "actor log-probs" if args.phase == "logprobs" else "actor step"
     # Growth over the loaded model: the phase's peak less the weights and pool held before it;
     # AdamW's state is created in the first step, so it counts in the step's growth only.
@@ -206,7 +212,7 @@ def _long_prompt(args) -> dict:
         "groups": args.groups,
         "phase": args.phase,
         "seconds": round(time.perf_counter() - start, 1),
-        "peak_rss_growth_gib": round(growth / 2**30, 3),
+        ("peak_cuda_growth_gib" if cuda else "peak_rss_growth_gib"): round(growth / 2**30, 3),
         "plan_gib": round(planned / 2**30, 3),
     }
 

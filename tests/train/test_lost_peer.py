@@ -52,8 +52,11 @@ def test_a_collective_with_a_dead_or_silent_peer_is_a_lost_peer(tmp_path, how):
     """What gloo raises on the survivor, as lost_peer reads it (no DeepSpeed, no trainer)."""
     script = tmp_path / "peer.py"
     script.write_text(PEER)
+    # torchrun kills the surviving rank once it sees a dead one; checking every 5 s (not 0.1 s)
+    # leaves rank 0 the time to meet the loss in its collective (3 s timeout) under any load:
+    # in one CI run the survivor was killed before it printed.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--master_port", str(_free_port()), str(script), how]
+    cmd += ["--monitor-interval", "5", "--master_port", str(_free_port()), str(script), how]
     done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert "lost_peer True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
