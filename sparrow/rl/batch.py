@@ -8,8 +8,8 @@ of `input_ids[b, t]`, to be compared with the actor's log-softmax of logits[b, t
 Two rollout log-probs per token, for two questions. `sampled_logprobs` (full vocabulary) is the
 sparse *policy*: the monitor compares it with the dense one. `behaviour_logprobs` is the
 distribution the token was actually *drawn* from, top-k/top-p truncated and renormalised: an
-importance weight pi/q is unbiased only with that q. With the full log-prob the weight of every
-kept token is off by the kept mass S (log-ratio off by log S), tests/rl/test_behaviour_logprobs.py.
+importance weight pi/q is unbiased only with that q. With the full log-prob every kept token's
+weight is divided by the kept mass S (log-ratio off by -log S), tests/rl/test_behaviour_logprobs.py.
 Without truncation the two are the same tensor values.
 Part of the RL algorithm's data, not of rollout/: `collate_rollouts` reads the engine's outputs by
 attribute, without importing it, so the engine never depends on the algorithm.
