@@ -39,7 +39,7 @@ from sparrow.monitor.monitor import Monitor
 from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
-from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss, StepCounts
+from sparrow.rl.losses import PolicyLoss
 from sparrow.rl.overlong import overlong_penalty, truncated_rows
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.rl.reference import ReferencePolicy
@@ -58,6 +58,7 @@ from sparrow.train.memory_plan import GiB
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_export import export_policy
+from sparrow.train.policy_update import policy_update
 from sparrow.train.progress import StepClock
 from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
 from sparrow.train.run_state import CheckpointedRun
@@ -390,64 +391,26 @@ class GRPOTrainer(CheckpointedRun):
     def _policy_update(
         self, batch: RolloutBatch, dense, token_advantages, num_tokens, masked_rows=None
     ) -> dict:
-        """One GRPO/TIS update of theta on the batch (ratios against the dense log-probs `dense`
-        taken before the update), with its metrics reduced over ranks; `masked_rows` (B,) bool:
-        completions the loss leaves out (rl.overlong.mask_truncated)."""
-        cfg = self.cfg
-        if not cfg.rl.update_policy:
-            return {"policy_frozen": 1.0}
-        loss_mask = batch.completion_mask
-        if masked_rows is not None:  # out of the loss and of its token count
-            loss_mask = loss_mask & ~masked_rows[:, None]
-            token_advantages = token_advantages * loss_mask
-            num_tokens = max(self.ranks.sum(loss_mask.sum()), 1.0)  # all cut: a zero loss
-        if cfg.rl.skip_no_signal and self.ranks.sum(token_advantages.ne(0).sum()) == 0:
-            log.info("step %d: every advantage is zero, update skipped", self.step + 1)
-            return {"no_signal": 1.0, "lr": self.actor.lr}
-        train_batch = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "completion_mask": loss_mask,
-            "old_logprobs": dense.token_logprobs,
-            "rollout_logprobs": batch.drawn_logprobs,  # truncated when top-p/top-k drew them
-            "advantages": token_advantages,
-            "prompt_lens": batch.prompt_lens,  # the group structure, for the shared prompt pass
-            "group_ids": batch.group_ids,
-        }
-        extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
-        step = None
-        if cfg.rl.loss.aggregation != "token_mean":  # the seq_* modes divide by sequences
-            sequences = max(self.ranks.sum(loss_mask.any(-1).sum()), 1.0)
-            step = StepCounts(num_tokens, sequences, cfg.rollout.max_new_tokens)
-
-        def loss_fn(logprobs, mb):
-            ref = None
-            if self.reference is not None:  # in the actor's micro-batches, without grad
-                ref = self.reference.token_logprobs(mb, cfg.rollout.temperature)
-            loss, metrics = self.loss_fn(
-                logprobs,
-                mb["old_logprobs"],
-                mb["rollout_logprobs"],
-                mb["advantages"],
-                mb["completion_mask"],
-                num_tokens,
-                ref_logprobs=ref,
-                step=step,
+        """One GRPO/TIS update of theta (train/policy_update.py); a non-finite update counts
+        towards rl.max_nonfinite_streak."""
+        update = policy_update(
+            self.actor,
+            self.loss_fn,
+            self.reference,
+            self.ranks,
+            self.cfg,
+            batch,
+            dense,
+            token_advantages,
+            num_tokens,
+            masked_rows,
+            self.step,
+        )
+        if update.get("no_signal") == 0.0:  # an update ran (not frozen, not skipped)
+            self.nonfinite_streak = next_nonfinite_streak(
+                self.nonfinite_streak, update, self.step + 1, self.cfg.rl.max_nonfinite_streak
             )
-            for key in [k for k in metrics if METRIC_REDUCTIONS.get(k) in ("min", "max")]:
-                extremes.setdefault(key, []).append(float(metrics.pop(key)))
-            return loss, metrics
-
-        update = self.actor.train_step(
-            self.actor.micro_batches(train_batch),
-            loss_fn,
-            cfg.rollout.temperature,
-        )
-        update |= {k: self.ranks.extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
-        self.nonfinite_streak = next_nonfinite_streak(
-            self.nonfinite_streak, update, self.step + 1, cfg.rl.max_nonfinite_streak
-        )
-        return update | {"no_signal": 0.0}
+        return update
 
     def _distill_update(self, batch, dense, token_advantages, num_tokens, weights) -> dict:
         """DistillSparse: one adapter update on the frozen updated theta (`weights`; None: theta
