@@ -1,6 +1,7 @@
 """The GRPO loop and what runs around it; the one place that wires every component.
 
     trainer.py         GRPOTrainer: train_step (the phases) and fit (evaluation, checkpoints)
+    policy_update.py   one GRPO/TIS update of theta: loss mask, no-signal skip, reference pass
     config.py          SparrowConfig: the dataclass tree conf/ is validated against
     step_report.py     rollout metrics, the plan line, the step and eval console lines
     dynamic_sampling.py DAPO's rounds of prompts until the step holds its groups with signal
