@@ -141,11 +141,9 @@ def _memory(args) -> dict:
     )
     micro_batches = actor.micro_batches(batch)
     cuda = args.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(args.device)
-    before = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
+    before = _peak_bytes(args.device, reset=True)
     actor.train_step(micro_batches, policy_gradient_loss(int(batch["completion_mask"].sum())))
-    peak = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
+    peak = _peak_bytes(args.device)
     rows = max(len(mb["input_ids"]) for mb in micro_batches)
     estimate = micro_batch_activation_bytes(
         ModelShape.from_hf_config(config),
@@ -181,9 +179,7 @@ def _long_prompt(args) -> dict:
     vocab = model.config.vocab_size
     batch = grouped_batch(args.groups, group, 0, prompt, completion, vocab, args.device)
     cuda = args.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(args.device)
-    before = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
+    before = _peak_bytes(args.device, reset=True)
     start = time.perf_counter()
     if args.phase == "logprobs":
         with torch.no_grad():
@@ -194,7 +190,7 @@ def _long_prompt(args) -> dict:
     else:
         loss_fn = policy_gradient_loss(int(batch["completion_mask"].sum()))
         actor.train_step(actor.micro_batches(batch), loss_fn)
-    peak = torch.cuda.max_memory_allocated(args.device) if cuda else _max_rss()
+    peak = _peak_bytes(args.device)
     growth = peak - before
     run = SparrowConfig(
         rollout=RolloutConfig(max_new_tokens=completion),
@@ -229,7 +225,13 @@ def memory_model(device) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config).eval().to(device)
 
 
-def _max_rss() -> int:
+def _peak_bytes(device: torch.device, reset: bool = False) -> int:
+    """CUDA's peak allocation on a GPU (`reset`: restart it here), else the process's peak RSS
+    (which only grows: one measurement per process)."""
+    if device.type == "cuda":
+        if reset:
+            torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.max_memory_allocated(device)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 

@@ -2,6 +2,7 @@
 
     trainer.py         GRPOTrainer: train_step (the phases) and fit (evaluation, checkpoints)
     policy_update.py   one GRPO/TIS update of theta: loss mask, no-signal skip, reference pass
+    schedule_steering.py the controller's move, the engine's schedule, KV-read per step
     config.py          SparrowConfig: the dataclass tree conf/ is validated against
     step_report.py     rollout metrics, the plan line, the step and eval console lines
     dynamic_sampling.py DAPO's rounds of prompts until the step holds its groups with signal

@@ -5,7 +5,7 @@ metrics row (restored from here if metrics.jsonl lost it).
 
 `CheckpointedRun` is GRPOTrainer's base: it reads and writes the trainer's parts (`prompts`,
 `controller`, `engine`, `actor`, `distill`, `baseline`, `checkpoints`, `logger`, `ranks`) and
-calls back `_sync_engine` and `_push_schedule` after loading.
+calls back `_sync_engine` and `steering.push` after loading.
 """
 
 from dataclasses import asdict
@@ -83,7 +83,7 @@ class CheckpointedRun:
                 self.distill.load_state_dict(state["distill"])
             self.distill.load_base(self.actor.gathered_state_dict())
         self._sync_engine()
-        self._push_schedule()
+        self.steering.push()
         if self.rank == 0:
             print(f"resumed from {path} at step {self.step}", flush=True)
         return state.get("metrics_row")

@@ -27,9 +27,6 @@ from pathlib import Path
 
 import torch
 
-from sparrow.control.controller import make_controller
-from sparrow.control.cost_model import engine_cost_config, predicted_speedup
-from sparrow.control.kv_read import kv_pages, kv_read_ratio, sparse_tokens
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.distributed import Ranks
 from sparrow.models.loading import load_model
@@ -58,10 +55,11 @@ from sparrow.train.memory_plan import GiB
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_export import export_policy
-from sparrow.train.policy_update import policy_update
+from sparrow.train.policy_update import PolicyUpdate
 from sparrow.train.progress import StepClock
 from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
 from sparrow.train.run_state import CheckpointedRun
+from sparrow.train.schedule_steering import ScheduleSteering
 from sparrow.train.step_report import (
     format_eval_line,
     format_plan,
@@ -140,7 +138,7 @@ class GRPOTrainer(CheckpointedRun):
         if cfg.rl.loss.kl_coef != 0:
             reference = ReferencePolicy(loaded.model, cfg.actor)
         self.actor = make_actor(loaded.model, cfg.actor)
-        self.reference = reference and reference.to(next(self.actor.model.parameters()).device)
+        reference = reference and reference.to(next(self.actor.model.parameters()).device)
         self.rank, self.world = self.actor.rank, self.actor.world_size
         self.ranks = Ranks(self.rank, self.world)
         self.run_dir = Path(cfg.run_dir)
@@ -153,8 +151,9 @@ class GRPOTrainer(CheckpointedRun):
             self.train_data, cfg.rl.prompts_per_step, self.seeds.data_order
         )
 
-        self.controller = make_controller(cfg.schedule, cfg.controller)
-        self._push_schedule()
+        shape = ModelShape.from_hf_config(loaded.model.config)
+        self.steering = ScheduleSteering(cfg, self.engine, shape, self.ranks)
+        self.controller = self.steering.controller  # checkpointed with the run (run_state.py)
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
@@ -164,9 +163,9 @@ class GRPOTrainer(CheckpointedRun):
         )
         self.reward = build_reward(cfg.rl.reward)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
-        self.loss_fn = PolicyLoss(cfg.rl.loss, cfg.rl.correction)
-        self.shape = ModelShape.from_hf_config(loaded.model.config)
-        self.cost = engine_cost_config(eng)  # the rollout engine's dtype and dense layers
+        self.policy_update = PolicyUpdate(
+            self.actor, PolicyLoss(cfg.rl.loss, cfg.rl.correction), reference, self.ranks, cfg
+        )
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
         self.monitor = Monitor(
@@ -246,7 +245,7 @@ class GRPOTrainer(CheckpointedRun):
             acceptance = self._acceptance(train.prompts, rollout, dense)
             _free_logits(drawn.rollout)  # the groups dynamic sampling dropped hold theirs too
         with timer("control"):
-            control = self._control(rollout.batch, acceptance.stats)
+            control = self.steering.update(rollout.batch, acceptance.stats)
         with timer("update"):
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
@@ -269,7 +268,7 @@ class GRPOTrainer(CheckpointedRun):
             drawn.rollout.batch, drawn.scores, drawn.rollout.outputs, self.ranks
         )
         metrics["rollout/preemptions"] = self.ranks.sum(drawn.rollout.stats.num_preemptions)
-        metrics |= acceptance.metrics | control | self._kv_read(drawn.rollout.batch)
+        metrics |= acceptance.metrics | control | self.steering.kv_read(drawn.rollout.batch)
         metrics |= sampled.metrics | update_metrics(update | distill) | overlong["metrics"]
         metrics |= self.ranks.sums(drawn.scores.stats.as_metrics())
         return metrics | times | throughput_metrics(metrics["rollout/tokens"], self.world, times)
@@ -351,26 +350,6 @@ class GRPOTrainer(CheckpointedRun):
         _free_logits(rollout)
         return result
 
-    def _control(self, batch: RolloutBatch, stats) -> dict:
-        """The controller's move from this step's per-bin stats, and the cost model's predicted
-        speedup for the schedule the batch was rolled out with."""
-        if self.controller is None:
-            return {}
-        rolled_with = self.controller.schedule
-        prompt_tokens = int(batch.prompt_lens.float().mean())
-        output_tokens = max(1, int(batch.completion_mask.sum(1).float().mean()))
-        metrics = {
-            "controller/tau": self.cfg.controller.tau,
-            "speedup/predicted": predicted_speedup(
-                self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, self.cost
-            ),
-        }
-        self.controller.update(stats)
-        self._push_schedule()
-        for i, b in enumerate(self.controller.schedule.budgets_pages):
-            metrics[f"schedule/budget_pages/bin{i}"] = b
-        return metrics
-
     def _overlong(self, scores, batch: RolloutBatch) -> tuple:
         """The rewards the advantages see (the task's scores plus DAPO's soft overlong penalty)
         and {"masked": (B,) bool rows the loss leaves out or None, "metrics": overlong/*}."""
@@ -393,24 +372,17 @@ class GRPOTrainer(CheckpointedRun):
     ) -> dict:
         """One GRPO/TIS update of theta (train/policy_update.py); a non-finite update counts
         towards rl.max_nonfinite_streak."""
-        update = policy_update(
-            self.actor,
-            self.loss_fn,
-            self.reference,
-            self.ranks,
-            self.cfg,
-            batch,
-            dense,
-            token_advantages,
-            num_tokens,
-            masked_rows,
-            self.step,
+        outcome = self.policy_update(
+            batch, dense, token_advantages, num_tokens, masked_rows, self.step
         )
-        if update.get("no_signal") == 0.0:  # an update ran (not frozen, not skipped)
+        if outcome.ran:
             self.nonfinite_streak = next_nonfinite_streak(
-                self.nonfinite_streak, update, self.step + 1, self.cfg.rl.max_nonfinite_streak
+                self.nonfinite_streak,
+                outcome.metrics,
+                self.step + 1,
+                self.cfg.rl.max_nonfinite_streak,
             )
-        return update
+        return outcome.metrics
 
     def _distill_update(self, batch, dense, token_advantages, num_tokens, weights) -> dict:
         """DistillSparse: one adapter update on the frozen updated theta (`weights`; None: theta
@@ -444,27 +416,11 @@ class GRPOTrainer(CheckpointedRun):
         if self.distill is not None:
             self.engine.set_lora(self.distill.lora_factors())
 
-    def _kv_read(self, batch: RolloutBatch) -> dict:
-        """Pages read by sparse layers over the pages a dense decode would read, and the tokens
-        decoded sparsely (what DistillSparse learns from), all ranks."""
-        page_size = self.cfg.rollout.engine.page_size
-        read, dense = kv_pages(batch.budget_pages, batch.completion_mask, page_size)
-        sparse = sparse_tokens(batch.budget_pages, batch.completion_mask, page_size)
-        return {
-            "kv_read_ratio": kv_read_ratio(self.ranks.sum(read), self.ranks.sum(dense)),
-            "rollout/sparse_tokens": self.ranks.sum(sparse),
-        }
-
     def _log_histograms(self, histograms: dict[str, list[float]]) -> None:
         for name, values in histograms.items():
             self.logger.log_histogram(self.step + 1, name, values)
 
     # ---- around the steps -------------------------------------------------------------------
-
-    def _push_schedule(self) -> None:
-        # No controller means schedule.mode=dense: the engine attends densely.
-        budget = None if self.controller is None else self.controller.schedule.budget_pages
-        self.engine.set_schedule(budget)
 
     def _evaluate(self) -> dict:
         ecfg = self.cfg.rl.eval
@@ -481,7 +437,7 @@ class GRPOTrainer(CheckpointedRun):
         )
         if merged:
             self._sync_engine()
-        self._push_schedule()
+        self.steering.push()
         result |= self.baseline.delta(self.ranks.gather_strided(correct))
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)

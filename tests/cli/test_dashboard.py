@@ -173,4 +173,5 @@ def _wandb_steps(run_dir: Path) -> dict[int, dict]:
     spec = importlib.util.spec_from_file_location("wandb_files", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.wait_until_written(run_dir)  # wandb's service may still be writing
     return module.logged_steps(run_dir)

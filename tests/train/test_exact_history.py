@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from wandb_files import logged_steps
+from wandb_files import logged_steps, wait_until_written
 
 from sparrow.train.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
 
@@ -55,6 +55,7 @@ def test_resumed_logger_restores_the_steps_wandb_lost(tmp_path):
     for step in range(5):
         first.log(step, {"loss": step / 10})
     first.close()
+    wait_until_written(tmp_path)  # wandb's service may still write after finish() returned
     # What a SIGKILL leaves: W&B lost the buffered steps, metrics.jsonl holds a torn last line.
     for run in (tmp_path / "wandb").glob("offline-run-*"):
         shutil.rmtree(run)
@@ -66,6 +67,7 @@ def test_resumed_logger_restores_the_steps_wandb_lost(tmp_path):
     for step in (4, 5):
         second.log(step, {"loss": step / 10})
     second.close()
+    wait_until_written(tmp_path)
     assert [row["step"] for row in _rows(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
     wandb_steps = logged_steps(tmp_path)
     assert sorted(wandb_steps) == [0, 1, 2, 3, 4, 5]
@@ -156,6 +158,7 @@ def test_three_random_kills_leave_an_exact_history(tmp_path):
     got, expected = _rows(killed / "metrics.jsonl"), _rows(straight / "metrics.jsonl")
     assert [r["step"] for r in got] == [r["step"] for r in expected] == list(range(STEPS + 1))
     assert _comparable(got) == _comparable(expected)
+    wait_until_written(killed)
     assert sorted(logged_steps(killed)) == list(range(STEPS + 1))
     weights = "policy/model.safetensors"
     assert (killed / weights).read_bytes() == (straight / weights).read_bytes()

@@ -36,7 +36,7 @@ def _trainer(run_dir, steps: int, streak: int = 3) -> GRPOTrainer:
 
 def _poison(trainer: GRPOTrainer, nan_loss_steps: set[int], inf_grad_steps: set[int]) -> list:
     """Fault the given steps; returns the weights the engine receives after each step."""
-    real_loss = trainer.loss_fn
+    real_loss = trainer.policy_update.loss_fn
 
     def loss_fn(*args, **kwargs):
         loss, metrics = real_loss(*args, **kwargs)
@@ -45,7 +45,7 @@ def _poison(trainer: GRPOTrainer, nan_loss_steps: set[int], inf_grad_steps: set[
     def grad_hook(grad):
         return torch.full_like(grad, math.inf) if trainer.step + 1 in inf_grad_steps else grad
 
-    trainer.loss_fn = loss_fn
+    trainer.policy_update.loss_fn = loss_fn
     next(trainer.actor.model.parameters()).register_hook(grad_hook)
     synced = []
     real_update = trainer.engine.update_weights
