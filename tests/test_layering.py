@@ -207,6 +207,7 @@ LIGHT_MODULES = [
     "sparrow.bench.cli",
     "sparrow.bench.decode",
     "sparrow.bench.decode_step",
+    "sparrow.bench.random_runner",
     "sparrow.bench.kernel",
     "sparrow.bench.rollout",
     *sorted(f"sparrow.rollout.{p.stem}" for p in (PKG / "rollout").glob("*.py")),

@@ -6,6 +6,7 @@ actor.py             actor: share_prefix on vs off; peak memory of an update vs 
 decode_step.py       decode-step: one whole-model decode step, sparse vs dense (CUDA events)
 step_timer.py        the decode-step's timer: CUDA events or the wall clock, host share
 decode.py            decode: one decode step's launches, host syncs, page-table cost
+random_runner.py     a prefilled model runner over random weights of a real model's shapes
 kernel.py            kernel: sparse vs dense decode of one layer (time, bytes); --aot
 kernel_aot.py        every Triton variant compiled ahead of time (regs, spills, smem)
 kernel_configs.py    the kernel benchmark's shapes and tile sweep

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from sparrow.bench.decode import RandomWeights
 from sparrow.bench.device import bench_device
+from sparrow.bench.random_runner import RandomWeights
 from sparrow.bench.step_timer import StepTimer, host_share, summary
 from sparrow.models.random_init import random_model_config
 from sparrow.rollout.block_manager import BlockManager

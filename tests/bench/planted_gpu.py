@@ -65,9 +65,11 @@ def cpu_tensors(root, name: str = "state", limit: int = 200_000) -> list[str]:
 
 def build(name: str, module, args):
     """What subcommand `name` builds before its first step, on `args.device`."""
-    if name == "decode":
-        config = module.qwen3_1p7b_shaped(args.hidden, args.vocab, args.triton_layers)
-        return module.runner_with_prompts(
+    if name == "decode":  # its runner comes from random_runner.py, built on args.device
+        from sparrow.bench import random_runner
+
+        config = random_runner.qwen3_1p7b_shaped(args.hidden, args.vocab, args.triton_layers)
+        return random_runner.runner_with_prompts(
             config, torch.bfloat16, "triton", args.triton_lens, device=args.device
         )
     if name == "decode-step":

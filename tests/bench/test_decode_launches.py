@@ -11,7 +11,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from sparrow.bench.decode import advance, count_step, prefilled_runner, qwen3_1p7b_shaped  # noqa: E402
+from sparrow.bench.decode import count_step  # noqa: E402
+from sparrow.bench.random_runner import advance, prefilled_runner, qwen3_1p7b_shaped  # noqa: E402
 from sparrow.kernels import decode_triton, select_triton  # noqa: E402
 
 if not (decode_triton.INTERPRETED and select_triton.INTERPRETED):

@@ -18,8 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map_only  # noqa: E402
 
-from sparrow.bench.decode import advance, prefilled_runner, qwen3_1p7b_shaped  # noqa: E402
 from sparrow.bench.dispatch_counter import DispatchCounter, count_triton_launches  # noqa: E402
+from sparrow.bench.random_runner import advance, prefilled_runner, qwen3_1p7b_shaped  # noqa: E402
 from sparrow.kernels import decode_triton, select_pages, selection_plan  # noqa: E402
 
 if not decode_triton.INTERPRETED:

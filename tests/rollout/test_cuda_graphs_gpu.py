@@ -9,7 +9,7 @@ kernels on the same inputs). Then whole generate calls with and without graphs a
 import pytest
 import torch
 
-from sparrow.bench.decode import RandomWeights, advance, prefilled_runner, qwen3_1p7b_shaped
+from sparrow.bench.random_runner import RandomWeights, advance, prefilled_runner, qwen3_1p7b_shaped
 
 pytestmark = pytest.mark.gpu
 

@@ -11,8 +11,8 @@ interpreter (slow: 3 layers, one sequence).
 import pytest
 import torch
 
-from sparrow.bench.decode import RandomWeights, advance, prefilled_runner, qwen3_1p7b_shaped
 from sparrow.bench.dispatch_counter import DispatchCounter
+from sparrow.bench.random_runner import RandomWeights, advance, prefilled_runner, qwen3_1p7b_shaped
 
 LENS = [70, 40, 33]  # 5, 3, 3 pages: one row sparse, two read every page at budget 4
 
