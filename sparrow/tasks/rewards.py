@@ -26,7 +26,7 @@ from sparrow.tasks.reward_result import RewardFn, RewardResult, RewardTimeout
 
 @dataclass
 class RewardConfig:
-    name: str = "math"  # registered reward: "math", "exact_match" or "chain"
+    name: str = "math"  # registered reward: "math", "exact_match", "chain" or "length" (plumbing)
     timeout_s: float = 5.0  # per-completion deadline; overruns score 0 and are counted
     answer_fallback: str = (
         "last_number"  # math: without a \boxed{}, use the last number ("none": 0)
@@ -159,6 +159,14 @@ def exact_match(prompt: str, completion: str, reference: str) -> RewardResult:
     return RewardResult(float(answer == _normalise(reference)), {"extracted": answer})
 
 
+def length_reward(prompt: str, completion: str, reference: str) -> RewardResult:
+    """A plumbing reward, not a task: the completion's length in characters over 64, capped at
+    1 (TRL's quickstart trains on a length reward the same way). A random model scores 0 on
+    every task, so its advantages are all zero and no update moves it; under this reward its
+    completions differ, and the smoke preset's two steps really train."""
+    return RewardResult(min(len(completion), 64) / 64.0)
+
+
 def _normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip().rstrip(".").strip().lower())
 
@@ -174,6 +182,7 @@ REWARDS: dict[str, Callable[[RewardConfig], RewardFn]] = {
     "math": _math_reward,
     "exact_match": lambda cfg: exact_match,
     "chain": lambda cfg: chain_reward,
+    "length": lambda cfg: length_reward,
 }
 
 

@@ -17,6 +17,7 @@ from sparrow.tasks.rewards import (
     RewardResult,
     build_reward,
     exact_match,
+    length_reward,
     register_reward,
     score_batch,
 )
@@ -204,3 +205,9 @@ def test_registry_builds_by_name_and_rejects_unknown_or_duplicate_names():
 def test_math_verifier_rejects_an_unknown_fallback():
     with pytest.raises(ValueError, match="fallback"):
         MathVerifier(fallback="first_number")
+
+
+def test_length_reward_scores_characters_up_to_64():
+    scores = [length_reward("q", "x" * n, "a").score for n in (0, 16, 64, 500)]
+    assert scores == [0.0, 0.25, 1.0, 1.0]
+    assert build_reward(RewardConfig(name="length"))("q", "x" * 32, "a").score == 0.5

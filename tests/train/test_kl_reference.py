@@ -1,9 +1,13 @@
 """rl.loss.kl_coef > 0 through the loop (FakeActor, tiny model): the reference is the initial
 weights, so the KL is 0 at step 1 (policy = reference) and > 0 after the first update, equal to
-k3 by hand from an independent forward of the initial model."""
+k3 by hand from an independent forward of the initial model. And the user's command: the smoke
+preset (its `length` reward gives the random model signal) with kl_coef 0.05 through the CLI."""
 
 import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,3 +42,17 @@ def test_kl_to_the_initial_weights(tmp_path):
             num += float((d.exp() - d - 1).sum())
             den += float(mask.sum())
     assert rows[1]["update/kl_ref"] == pytest.approx(num / den, rel=1e-3, abs=1e-7)
+
+
+def test_smoke_preset_with_kl_logs_a_growing_kl(tmp_path):
+    """`sparrow-train preset=smoke rl.loss.kl_coef=0.05` (DeepSpeed actor): 0 at step 1, where
+    the policy is the reference, and > 0 at step 2, after step 1's update moved theta."""
+    cmd = [sys.executable, "-m", "sparrow.cli.train", "preset=smoke", "rl.loss.kl_coef=0.05"]
+    cmd += [f"run_dir={tmp_path}", "logger=disabled"]
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    kl = {r["step"]: r["update/kl_ref"] for r in rows if "update/kl_ref" in r}
+    assert kl[1] == 0.0 and kl[2] > 0.0, kl
+    assert all(r["reward/mean"] > 0 for r in rows if "reward/mean" in r)  # signal: it trained
