@@ -124,6 +124,24 @@ class DenseActor:
             "wall_clock_breakdown": False,
         }
 
+    def partition_frozen(self, policy: nn.Module) -> nn.Module:
+        """A frozen module beside the actor (the KL reference), held as the actor's weights are:
+        under ZeRO-3 a DeepSpeed engine without an optimizer partitions it over the ranks and
+        gathers each layer for its forward (in the actor's precision); below stage 3 every rank
+        keeps the whole module, returned as it is."""
+        if self.cfg.zero_stage != 3:
+            return policy
+        config = {
+            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
+            "zero_optimization": {"stage": 3},
+            "bf16": {"enabled": self.bf16},
+            "steps_per_print": 2**31 - 1,
+        }
+        engine, _, _, _ = deepspeed.initialize(model=policy, config=config)
+        engine.eval()
+        engine.module.uniform_head_calls = self.world_size > 1  # as the actor's own pass
+        return engine
+
     def _checks_grads_itself(self) -> bool:
         # ZeRO 1-3 and the bf16 optimizer skip a step on a non-finite gradient norm themselves;
         # plain fp32 stage 0 steps torch's AdamW directly, so the check happens here.

@@ -5,9 +5,10 @@ keeps the reference of its first launch (the checkpoint is loaded into the actor
 Its log-probs are taken without grad over the actor's own micro-batches, with the actor's pass
 (PolicyWithLogprobs: each group's prompt once), in the update phase.
 
-What it does not do: partition itself. Each rank holds a full copy in the model's dtype (0.54 GB
-for SmolLM2-135M in fp32, 3.4 GB for Qwen3-1.7B in bf16; the memory plan counts it); under ZeRO-3
-at large sizes that copy is what a user would want sharded.
+It is held as the actor's weights are (`place`): under ZeRO-3 partitioned over the ranks by a
+DeepSpeed engine without an optimizer (each rank keeps 1/world of it and gathers a layer for its
+forward), below stage 3 a full copy on every rank in the model's dtype (0.54 GB for SmolLM2-135M
+in fp32); the memory plan counts it either way.
 """
 
 import copy
@@ -25,8 +26,10 @@ class ReferencePolicy:
         self.policy = PolicyWithLogprobs(frozen, cfg.logprob_chunk_tokens, cfg.share_prefix)
         self.share_prompts = cfg.share_prompts
 
-    def to(self, device: torch.device) -> "ReferencePolicy":
-        self.policy.to(device)
+    def place(self, actor) -> "ReferencePolicy":
+        """On the actor's device, partitioned like the actor's weights (actor.partition_frozen)."""
+        self.policy.to(next(actor.model.parameters()).device)
+        self.policy = actor.partition_frozen(self.policy)
         return self
 
     @torch.no_grad()

@@ -56,7 +56,7 @@ class MemoryPlan:
     row_cache: int  # shared prompts' K/V expanded to the rows, once (held in copies)
     actor_tokens: int  # decoder tokens per actor micro-batch the plan assumed
     checkpointing: bool
-    reference_weights: int = 0  # rl.loss.kl_coef > 0: a full frozen copy of the initial weights
+    reference_weights: int = 0  # rl.loss.kl_coef > 0: the initial weights (ZeRO-3: 1/world)
 
     @property
     def engine_resident(self) -> int:
@@ -248,7 +248,7 @@ def plan_memory(
         ),
         actor_tokens=tokens,
         checkpointing=actor.activation_checkpointing,
-        reference_weights=params * model_bytes if cfg.rl.loss.kl_coef else 0,
+        reference_weights=params * model_bytes // share(3) if cfg.rl.loss.kl_coef else 0,
     )
 
 

@@ -133,12 +133,13 @@ class GRPOTrainer(CheckpointedRun):
             if cfg.distill.enabled and cfg.schedule.mode != "dense"
             else None
         )
-        # The KL term's reference: the initial weights, copied before ZeRO-3 can partition them.
+        # The KL term's reference: the initial weights, copied before ZeRO-3 partitions the
+        # actor's in place, then held as the actor holds its own (partitioned under ZeRO-3).
         reference = None
         if cfg.rl.loss.kl_coef != 0:
             reference = ReferencePolicy(loaded.model, cfg.actor)
         self.actor = make_actor(loaded.model, cfg.actor)
-        reference = reference and reference.to(next(self.actor.model.parameters()).device)
+        reference = reference and reference.place(self.actor)
         self.rank, self.world = self.actor.rank, self.actor.world_size
         self.ranks = Ranks(self.rank, self.world)
         self.run_dir = Path(cfg.run_dir)

@@ -37,6 +37,9 @@ class FakeActor:
     def model(self) -> nn.Module:
         return self.policy.lm
 
+    def partition_frozen(self, policy: nn.Module) -> nn.Module:
+        return policy  # one rank, no ZeRO: the whole module, as DenseActor below stage 3
+
     def micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
         """The real actor's cut (whole groups by rows, or a token budget), on one rank."""
         shared = self.cfg.share_prompts and "group_ids" in batch and "prompt_lens" in batch

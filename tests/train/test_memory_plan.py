@@ -87,6 +87,13 @@ def test_zero_stages_and_bf16_partition_what_they_shard():
     assert [four[s].optimizer for s in range(4)] == [12 * params] + [3 * params] * 3
     assert [four[s].gradients for s in range(4)] == [4 * params] * 2 + [params] * 2  # fp32 model
     assert four[3].actor_weights * 4 == four[2].actor_weights  # model dtype float32 by default
+    # The KL reference is held like the actor's weights: whole below stage 3, a quarter at 3.
+    ref = {}
+    for s in (2, 3):
+        cfg = tiny_cfg(precision="bf16", zero_stage=s)
+        cfg = replace(cfg, rl=replace(cfg.rl, loss=replace(cfg.rl.loss, kl_coef=0.05)))
+        ref[s] = plan_memory(cfg, TINY, 4, on_gpu=True).reference_weights
+    assert ref[2] == four[2].actor_weights and ref[3] * 4 == ref[2]
     # On a GPU the Triton path keeps the summaries in the cache dtype and no dense copies.
     assert four[0].dense_copies == 0
 
