@@ -75,7 +75,10 @@ def test_resumed_logger_restores_the_steps_wandb_lost(tmp_path):
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1  # one run id, resumed
 
 
-STEPS = 6
+# Enough steps that both random kills land before the run is over: alone on the VM a smoke step
+# takes ~0.5 s, and with 6 steps the second random launch once resumed at the last step and
+# finished before its kill.
+STEPS = 10
 # The first launch is frozen inside its step-2 checkpoint write (row logged, checkpoint not): a
 # sure redo of a logged step, the case that used to log a step twice. The next two are killed at
 # a random moment once they have logged a step of their own.
@@ -141,7 +144,7 @@ def test_three_random_kills_leave_an_exact_history(tmp_path):
                 _wait(proc, log, lambda log=log: " steps x " in log.with_suffix(".out").read_text())
                 start = _last_step(killed)
                 _wait(proc, log, lambda start=start: _last_step(killed) > start)
-                time.sleep(rng.uniform(0.0, 1.0))
+                time.sleep(rng.uniform(0.0, 0.5))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)  # the process and wandb's service with it
             proc.wait()
