@@ -5,6 +5,7 @@ preset (its `length` reward gives the random model signal) with kl_coef 0.05 thr
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,11 @@ def test_smoke_preset_with_kl_logs_a_growing_kl(tmp_path):
     cmd = [sys.executable, "-m", "sparrow.cli.train", "preset=smoke", "rl.loss.kl_coef=0.05"]
     cmd += [f"run_dir={tmp_path}", "logger=disabled"]
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    # Not this process's rendezvous: an in-process actor of an earlier test set these (and holds
+    # MASTER_PORT), and a launch that inherits them would join that port.
+    dist = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in dist} | {"OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     kl = {r["step"]: r["update/kl_ref"] for r in rows if "update/kl_ref" in r}
