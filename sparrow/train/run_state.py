@@ -4,7 +4,7 @@ non-finite streak, the first evaluation's scores, DistillSparse's adapter, and t
 metrics row (restored from here if metrics.jsonl lost it).
 
 `CheckpointedRun` is GRPOTrainer's base: it reads and writes the trainer's parts (`prompts`,
-`controller`, `engine`, `actor`, `distill`, `baseline`, `checkpoints`, `logger`, `ranks`) and
+`steering`, `engine`, `actor`, `distill`, `baseline`, `checkpoints`, `logger`, `ranks`) and
 calls back `_sync_engine` and `steering.push` after loading.
 """
 
@@ -18,9 +18,10 @@ class CheckpointedRun:
     """Save, pick and load the trainer's checkpoints (a mixin: the state is GRPOTrainer's)."""
 
     def state_dict(self) -> dict:
+        controller = self.steering.controller
         return {
             "prompts": self.prompts.state_dict(),
-            "controller": None if self.controller is None else self.controller.state_dict(),
+            "controller": None if controller is None else controller.state_dict(),
             "engine_generate_calls": self.engine.num_generate_calls,
             "nonfinite_streak": self.nonfinite_streak,
             "first_eval": self.baseline.scores,
@@ -72,8 +73,8 @@ class CheckpointedRun:
             ) from err
         state = loaded.state
         self.prompts.load_state_dict(state["prompts"])
-        if self.controller is not None and state["controller"] is not None:
-            self.controller.load_state_dict(state["controller"])
+        if self.steering.controller is not None and state["controller"] is not None:
+            self.steering.controller.load_state_dict(state["controller"])
         self.engine.num_generate_calls = state["engine_generate_calls"]
         self.nonfinite_streak = state["nonfinite_streak"]
         self.baseline.scores = state.get("first_eval")

@@ -154,7 +154,6 @@ class GRPOTrainer(CheckpointedRun):
 
         shape = ModelShape.from_hf_config(loaded.model.config)
         self.steering = ScheduleSteering(cfg, self.engine, shape, self.ranks)
-        self.controller = self.steering.controller  # checkpointed with the run (run_state.py)
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,

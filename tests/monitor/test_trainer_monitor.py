@@ -36,8 +36,9 @@ def step_metrics(tmp_path_factory):
 
     trainer.engine.generate = recording_generate
     controller_input = []
-    update = trainer.controller.update
-    trainer.controller.update = lambda stats: controller_input.append(stats) or update(stats)
+    controller = trainer.steering.controller
+    update = controller.update
+    controller.update = lambda stats: controller_input.append(stats) or update(stats)
     metrics = trainer.train_step()
     return trainer, metrics, generated, controller_input
 
