@@ -15,8 +15,8 @@ from trainer_rehearsal import rehearse_trainer
 GIB = 2**30
 LAYERS = 28
 T, K = 32768, 20  # one row: 4K prompt + 28K completion; the monitor's top-K
-# And 4 x 3.5 s for the engine's (test_engine_rehearsal.py): 60 s together. Measured 28.8-37.9 s
-# alone and 41.4 s late in a CI run on the 2-core VM; the engine's take 1.8-2.3 s each.
+# Measured 28.8-37.9 s alone and 41.4 s late in a CI run on the 2-core VM; the engine's four
+# (test_engine_rehearsal.py, 5 s each) took 1.8-3.9 s each.
 SECONDS = 46.0
 
 
