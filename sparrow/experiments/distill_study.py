@@ -11,10 +11,13 @@ online controller at tau 0.86, theta frozen: `rl.update_policy=false`), each wit
 
 Every run is a `sparrow-train` process in ROOT/<arm>_s<seed> with `resume=auto`, one after another
 (base before adapter within a seed): invoking the command again continues an interrupted run and
-skips finished ones. Then, per finished adapter run, the offline tail (distill_tail) samples
+skips finished ones, also those whose files are complete in DOCS/runs/ (a fresh checkout has no
+run dirs: a study spread over several sessions keeps its finished seeds). Then, per finished
+adapter run, the offline tail (distill_tail) samples
 held-out prompts at the budgets the base run of its seed settled at and scores the same tokens
 with and without the adapter (skipped when its tail.json exists). Each run's metrics.jsonl,
-run_config.json and tail.json go to DOCS/runs/<run>/, and the table (distill_table, from those
+run_config.json and tail.json go to DOCS/runs/<run>/ (a base run's settled budgets too, as
+settled_budgets.json, for an adapter run finished later), and the table (distill_table, from those
 files alone) into DOCS/README.md.
 
     python -m sparrow.experiments.distill_study --background   # start or continue, detached
@@ -34,6 +37,7 @@ from pathlib import Path
 from sparrow.cli.config_loader import load_config
 from sparrow.experiments.distill_table import write_distill_report
 from sparrow.experiments.distill_tail import offline_tail, settled_budgets
+from sparrow.experiments.stability_table import _rows_by_step
 from sparrow.experiments.study_runs import REPO, StudyRun, drive_study, final_checkpoint
 
 ARMS = {
@@ -42,6 +46,7 @@ ARMS = {
 }
 SHARED = ("rl.update_policy=false", "logger=disabled", "rollout.progress=false")
 COPIED = ("metrics.jsonl", "run_config.json")
+BUDGETS = "settled_budgets.json"  # a base run's final schedule, for its seed's adapter tail
 
 
 def study_runs(arms: list[str], seeds: list[int]) -> list[StudyRun]:
@@ -73,7 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         overrides,
         lambda steps: report(args, runs, overrides, steps),
         "sparrow.experiments.distill_study",
+        lambda run, steps: archived(args, run, steps),
     )
+
+
+def archived(args, run: StudyRun, steps: int) -> str | None:
+    """DOCS/runs/<run> when it holds the run's every step (and an adapter run's tail), else None."""
+    folder = args.docs / "runs" / run.name
+    if len([s for s in _rows_by_step(folder) if s > 0]) < steps:
+        return None
+    tail_missing = args.tail_prompts and not (folder / "tail.json").is_file()
+    return None if run.name.startswith("adapter_") and tail_missing else str(folder)
 
 
 def report(args, runs: list[StudyRun], overrides: list[str], steps: dict[str, int]) -> None:
@@ -84,6 +99,9 @@ def report(args, runs: list[StudyRun], overrides: list[str], steps: dict[str, in
             if (args.root / run.name / name).is_file():
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(args.root / run.name / name, target / name)
+        if run.name.startswith("base_") and final_checkpoint(args.root / run.name, steps[run.name]):
+            budgets = {"budgets_pages": settled_budgets(args.root / run.name)}
+            (target / BUDGETS).write_text(json.dumps(budgets) + "\n")
     for run in runs:
         if args.tail_prompts and run.name.startswith("adapter_"):
             tail_of(args, run, overrides, steps)
@@ -96,12 +114,17 @@ def tail_of(args, run: StudyRun, overrides: list[str], steps: dict[str, int]) ->
     base = "base_" + run.name.split("_", 1)[1]
     if out.is_file():
         return
+    archived_budgets = args.docs / "runs" / base / BUDGETS
     if final_checkpoint(args.root / run.name, steps[run.name]) is None or (
         final_checkpoint(args.root / base, steps.get(base, steps[run.name])) is None
+        and not archived_budgets.is_file()
     ):
         print(f"distill_study: no tail for {run.name} yet ({run.name} and {base} must finish)")
         return
-    budgets = settled_budgets(args.root / base)
+    if final_checkpoint(args.root / base, steps.get(base, steps[run.name])) is not None:
+        budgets = settled_budgets(args.root / base)
+    else:  # the base run finished in an earlier checkout
+        budgets = json.loads(archived_budgets.read_text())["budgets_pages"]
     print(f"distill_study: offline tail of {run.name} at {base}'s budgets {budgets}", flush=True)
     cfg = load_config([*overrides, *run.overrides, f"run_dir={args.root / run.name}"])
     tail = offline_tail(cfg, args.root / run.name, budgets, args.tail_prompts, args.tail_samples)

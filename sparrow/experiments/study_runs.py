@@ -36,9 +36,12 @@ def drive_study(
     overrides: list[str],
     report: Callable[[dict], object],
     module: str = "sparrow.experiments.stability_study",
+    archived: Callable[[StudyRun, int], str | None] = lambda run, steps: None,
 ) -> int:
     """What a study's command does with its parsed `args`: detach (--background), print one line
-    per run (--status), or run what is not finished and then `report(steps per run)`."""
+    per run (--status), or run what is not finished and then `report(steps per run)`. A run for
+    which `archived(run, steps)` names a place is complete there (the study's docs folder, kept in
+    git, outlives the run dirs of an earlier checkout) and is not run again."""
     prog = module.rsplit(".", 1)[-1]
     try:
         steps = {r.name: _total_steps(overrides, r) for r in runs}
@@ -47,12 +50,19 @@ def drive_study(
         return 2
     if args.background:
         return _start_background(root, [a for a in argv if a != "--background"], module)
+    done = {r.name: where for r in runs if (where := archived(r, steps[r.name]))}
     if args.status:
         for run in runs:
-            print(_status_line(root, run, steps[run.name]))
+            line = f"{run.name}: complete, archived in {done[run.name]}" if run.name in done else ""
+            print(line or _status_line(root, run, steps[run.name]))
         return 0
     if not args.report:
-        code = _run_all(root, runs, overrides, steps, args.jobs)
+        root.mkdir(parents=True, exist_ok=True)
+        for run in runs:
+            if run.name in done:
+                _record(root, run, "skipped", f"archived in {done[run.name]}", 0.0)
+        todo = [r for r in runs if r.name not in done]
+        code = _run_all(root, todo, overrides, steps, args.jobs)
         if code:
             return code
     report(steps)

@@ -55,6 +55,8 @@ def test_tail_is_paired_at_the_base_runs_budgets(study):
     tail = json.loads((docs / "runs" / "adapter_s0" / "tail.json").read_text())
     assert tail["budgets_from"] == "base_s0"
     assert tail["budgets_pages"] == settled_budgets(root / "base_s0")
+    archived = json.loads((docs / "runs" / "base_s0" / "settled_budgets.json").read_text())
+    assert archived["budgets_pages"] == tail["budgets_pages"]
     assert not (docs / "runs" / "base_s0" / "tail.json").exists()
     for sampled_by in ("base", "adapter"):
         part = tail[f"sampled_by_{sampled_by}"]
@@ -76,7 +78,24 @@ def test_rerun_skips_finished_runs_and_tails_and_the_table_comes_from_docs(study
     lines = (root / "status.jsonl").read_text().splitlines()
     assert [json.loads(x)["status"] for x in lines[-2:]] == ["skipped", "skipped"]
     assert (docs / "runs" / "adapter_s0" / "tail.json").read_text() == tail_before
-    shutil.rmtree(root)  # the table needs the docs folder only
+    # The base run finished in an earlier checkout: its run dir is gone, and the adapter run's
+    # tail comes from the budgets archived with its metrics.
+    shutil.rmtree(root / "base_s0")
+    (docs / "runs" / "adapter_s0" / "tail.json").unlink()
+    assert distill_study.main(argv) == 0
+    lines = [json.loads(x) for x in (root / "status.jsonl").read_text().splitlines()]
+    assert [(x["run"], x["status"]) for x in lines[-2:]] == [
+        ("base_s0", "skipped"),
+        ("adapter_s0", "skipped"),
+    ]
+    assert lines[-2]["detail"] == f"archived in {docs / 'runs' / 'base_s0'}"
+    assert not (root / "base_s0").exists()  # not run again
+    tail = json.loads((docs / "runs" / "adapter_s0" / "tail.json").read_text())
+    assert tail["budgets_pages"] == json.loads(tail_before)["budgets_pages"]
+    shutil.rmtree(root)  # a fresh checkout: both runs are archived, nothing runs
+    assert distill_study.main(argv) == 0
+    assert not (root / "base_s0").exists() and not (root / "adapter_s0").exists()
+    # the table needs the docs folder only
     readme = table.write_distill_report(docs, steps=2).read_text()
     assert "| adapter_s0 | 2 |" in readme and "| base_s0 | 2 |" in readme
     assert "| adapter_s0 | " in readme.split("Held-out tail")[1]
