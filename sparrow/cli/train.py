@@ -88,7 +88,7 @@ def _dry_run_from_config(cfg, pinned: frozenset[str]) -> int | None:
     (the trainer then loads it and the data, and plans from both). Sizes as the run would."""
     from sparrow.models.model_config import read_model_config
     from sparrow.models.shape import ModelShape
-    from sparrow.train.memory_fit import MemoryRefused, device_memory, fit_memory
+    from sparrow.train.memory_fit import MemoryRefused, fit_memory, rank_device_memory
     from sparrow.train.memory_plan import targets_gpu
 
     try:
@@ -98,7 +98,7 @@ def _dry_run_from_config(cfg, pinned: frozenset[str]) -> int | None:
     if not source.startswith("shipped"):
         return None
     on_gpu = targets_gpu(cfg)
-    device = device_memory(cfg.memory, on_gpu)
+    device = rank_device_memory(cfg.memory, on_gpu)
     shape = ModelShape.from_hf_config(config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     print(f"sparrow-train: dry run of {cfg.model.name} from its config ({source}; no weights or "

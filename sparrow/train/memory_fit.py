@@ -84,6 +84,17 @@ def device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
     return DeviceMemory((meminfo["MemAvailable"] + own) * 1024, "host RAM", cfg.headroom)
 
 
+def rank_device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
+    """device_memory as one rank of this launch sees it. Ranks on one host share its RAM: on CPU
+    each plans for its share (LOCAL_WORLD_SIZE), rounded down to whole GiB so that ranks measuring
+    a few MB apart size alike (sizing must agree: ranks take their micro-batches in step)."""
+    device = device_memory(cfg, on_gpu)
+    if on_gpu:
+        return device
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return replace(device, bytes=device.bytes // local // GiB * GiB)
+
+
 def fit_memory(
     cfg: SparrowConfig,
     shape: ModelShape,

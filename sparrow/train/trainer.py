@@ -50,8 +50,7 @@ from sparrow.train.dynamic_sampling import Round, Sampled, sample_step
 from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.interruption import STARTUP_ADVICE, stop_at_once
-from sparrow.train.memory_fit import Fitted, device_memory, fit_memory
-from sparrow.train.memory_plan import GiB
+from sparrow.train.memory_fit import fit_memory, rank_device_memory
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_export import export_policy
@@ -111,7 +110,12 @@ class GRPOTrainer(CheckpointedRun):
             raise room.too_long(err) from err
         # The memory plan against the device before the engine's pool or the optimizer exist:
         # sized actor knobs replace the configured ones for the whole run, or the run stops here.
-        self.memory = self._fit_memory(loaded.model.config, pinned)
+        on_gpu, (longest, prefix) = torch.cuda.is_available(), self.train_data.prompt_lengths()
+        self.memory = fit_memory(
+            cfg, ModelShape.from_hf_config(loaded.model.config),
+            int(os.environ.get("WORLD_SIZE", "1")), on_gpu, rank_device_memory(cfg.memory, on_gpu),
+            pinned, longest, prefix,
+        )  # fmt: skip
         cfg = self.cfg = self.memory.cfg
         if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -442,23 +446,6 @@ class GRPOTrainer(CheckpointedRun):
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)
         return result
-
-    def _fit_memory(self, model_config, pinned: frozenset[str]) -> Fitted:
-        """fit_memory for this rank. Ranks on one host share its RAM: on CPU each plans for its
-        share; the figure is rounded down to whole GiB so that ranks measuring a few MB apart
-        size alike (sizing must agree: ranks take their micro-batches in step)."""
-        cfg = self.cfg
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        on_gpu = torch.cuda.is_available()
-        device = device_memory(cfg.memory, on_gpu)
-        if not on_gpu:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            device = replace(device, bytes=device.bytes // local // GiB * GiB)
-        longest, prefix = self.train_data.prompt_lengths()
-        return fit_memory(
-            cfg, ModelShape.from_hf_config(model_config), world, on_gpu, device, pinned,
-            longest, prefix,
-        )  # fmt: skip
 
     def plan(self) -> str:
         return (

@@ -17,6 +17,7 @@ from sparrow.train.memory_fit import (
     MemoryRefused,
     device_memory,
     fit_memory,
+    rank_device_memory,
 )
 from sparrow.train.memory_plan import GiB, plan_memory
 
@@ -124,3 +125,13 @@ def test_device_memory_sources(monkeypatch):
     available = int(meminfo.split("MemAvailable:")[1].split()[0]) * 1024
     assert host.name == "host RAM" and host.bytes > available // 2
     assert host.usable == int(host.bytes * 0.75)
+
+
+def test_ranks_on_one_cpu_host_plan_for_their_share_in_whole_gib(monkeypatch):
+    """The trainer and the dry run both size a rank with this: three CPU ranks on one host each
+    get a third of its memory, rounded down to whole GiB; a GPU rank has its own device."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert rank_device_memory(MemoryConfig(device_gib=20), on_gpu=False).bytes == 6 * GiB
+    assert rank_device_memory(MemoryConfig(device_gib=20), on_gpu=True).bytes == 20 * GiB
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert rank_device_memory(MemoryConfig(device_gib=20), on_gpu=False).bytes == 20 * GiB
