@@ -29,6 +29,7 @@ from sparrow.distill.loss import distill_loss
 from sparrow.distill.sparse_policy import SparsePolicy
 from sparrow.distributed import Ranks
 from sparrow.rl.batch import RolloutBatch
+from sparrow.rl.policy_logprobs import common_prefix_len
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
 
@@ -46,8 +47,9 @@ class DistillConfig:
     grad_clip: float = 1.0  # clip the adapter's gradient 2-norm to this; 0 disables clipping
     micro_batch_size: int = 4  # sequences per sparse forward + backward
     gate: bool = True  # phi only at sparse decode steps (budget < pages); False: merged everywhere
-    # gated: the prompt prefix common to the step's rows runs once without grad, not once per
-    # row (the same loss and gradient up to fp32 round-off; SparsePolicy.shared_prefix)
+    # gated: the prompt prefix a micro-batch's rows share (a group's whole prompt) runs once
+    # without grad, not once per row (the same loss and gradient up to fp32 round-off;
+    # SparsePolicy.shared_prefix)
     share_prefix: bool = True
 
     def __post_init__(self):
@@ -116,14 +118,16 @@ class DistillSparse:
         num_tokens = global_num_tokens or max(int(batch.completion_mask.sum()), 1)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        prefix = None
+        whole = prefix = None
         if self.cfg.share_prefix:
-            prefix = self.policy.shared_prefix(batch.input_ids, batch.prompt_lens)
+            whole = prefix = self.policy.shared_prefix(batch.input_ids, batch.prompt_lens)
         # Dropout masks from a stream of the adapter's own: the same on a resumed run.
         with _seeded(self.dropout_seed + self.num_steps, self.device):
             for start in range(0, len(batch), self.cfg.micro_batch_size):
                 rows = slice(start, start + self.cfg.micro_batch_size)
                 mask = batch.completion_mask[rows]  # (b, T)
+                if self.cfg.share_prefix:
+                    prefix = self._micro_batch_prefix(batch, rows, whole, prefix)
                 logprobs, topk_logprobs = self.policy.token_logprobs(
                     batch.input_ids[rows],
                     mask,
@@ -157,6 +161,16 @@ class DistillSparse:
         self.optimizer.zero_grad(set_to_none=True)
         self.num_steps += 1
         return {f"distill/{k}": v for k, v in totals.items()} | {"distill/grad_norm": grad_norm}
+
+    def _micro_batch_prefix(self, batch: RolloutBatch, rows: slice, whole, last):
+        """The prompt prefix the micro-batch's rows share (a GRPO group's whole prompt less one
+        token when the rows are one group's): `last` when it is the same tokens (the previous
+        micro-batch was the same group's), else the batch's prefix `whole` extended."""
+        ids, lens = batch.input_ids[rows], batch.prompt_lens[rows]
+        length = common_prefix_len(ids, lens)
+        if last is not None and last.length == length and torch.equal(last.tokens, ids[0, :length]):
+            return last
+        return self.policy.shared_prefix(ids, lens, start=whole)
 
     def merged_state_dict(self) -> dict[str, Tensor]:
         """theta + phi, HF-named, for `LLMEngine.update_weights`."""

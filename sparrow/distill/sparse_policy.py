@@ -17,7 +17,8 @@ output by that per-position gate, which is exactly the engine's gated decode ste
 Gated, the prompt is theta's alone (dense attention, gate 0) and gets no gradient, so the token
 prefix every row's prompt starts with (a system prompt, solved examples) can run once without grad
 (`shared_prefix`) and the rows continue from its K/V: S + B (L - S) decoder tokens instead of
-B L, the same log-probs and adapter gradient up to fp32 round-off.
+B L, the same log-probs and adapter gradient up to fp32 round-off. A GRPO group shares its whole
+prompt: DistillSparse extends the batch's prefix to each micro-batch's own.
 """
 
 import copy
@@ -50,6 +51,7 @@ class SharedPrefix:
 
     length: int  # S tokens
     cache: DynamicCache  # batch 1, S positions in every layer
+    tokens: Tensor  # (S,) the prefix's token ids
 
     def for_rows(self, rows: int) -> DynamicCache:
         """A cache holding the prefix for `rows` rows, for one forward to append to."""
@@ -177,31 +179,38 @@ class SparsePolicy:
         return token_lp, out_k.masked_scatter(full_mask[..., None], topk_lp)
 
     @torch.no_grad()
-    def shared_prefix(self, input_ids: Tensor, prompt_lens: Tensor) -> SharedPrefix | None:
+    def shared_prefix(
+        self, input_ids: Tensor, prompt_lens: Tensor, start: SharedPrefix | None = None
+    ) -> SharedPrefix | None:
         """The K/V of the longest token prefix all rows' prompts start with, leaving every row at
         least one prompt token (its query predicts the first completion token), run once under
         theta (gate 0, dense attention, as the prompt is in `token_logprobs`). None ungated (phi
-        acts on prompts, which then need its gradient) or when no token is shared.
+        acts on prompts, which then need its gradient) or when no token is shared. `start`, a
+        prefix these rows begin with (the whole batch's), is extended rather than run again.
 
         input_ids (B, T) right-padded rows, prompt_lens (B,)."""
         length = common_prefix_len(input_ids, prompt_lens)
         if not self.gated or length == 0:
             return None
+        if start is not None and start.length == length:
+            return start
+        begin = 0 if start is None else start.length
         device = next(self.model.parameters()).device
         positions = torch.arange(length, device=device)  # (S,)
         dense = SparseForwardMetadata(self.attn, (positions // self.attn.page_size + 1)[None])
         decoder = self.model.get_decoder()
-        cache = DynamicCache(config=self.model.config)
-        with self._gated(torch.zeros(1, length, 1, device=device)):
+        cache = DynamicCache(config=self.model.config) if start is None else start.for_rows(1)
+        with self._gated(torch.zeros(1, length - begin, 1, device=device)):
             decoder(
-                input_ids=input_ids[:1, :length].to(device),
+                input_ids=input_ids[:1, begin:length].to(device),
                 sparrow_sparse=dense,
+                position_ids=positions[None, begin:],
                 use_cache=True,
                 **{cache_keyword(decoder): cache},
             )
         if cache.get_seq_length() != length:
             raise RuntimeError(f"{type(decoder).__name__} did not fill the prefix's KV cache")
-        return SharedPrefix(length, cache)
+        return SharedPrefix(length, cache, input_ids[0, :length].clone())
 
     def sparse_positions(self, budgets: Tensor) -> Tensor:
         """(B, L) query budgets -> (B, L) bool: the query at t reads fewer pages than its

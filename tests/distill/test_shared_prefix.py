@@ -1,6 +1,7 @@
 """The gated sparse policy runs the prompt prefix its rows share once (SparsePolicy.shared_prefix):
 the same log-probs, top-K log-probs and adapter gradient as the full forward per row, over fewer
-decoder tokens, and the same DistillSparse step."""
+decoder tokens, and the same DistillSparse step, with each micro-batch's own prefix (a GRPO
+group's whole prompt) extended from the batch's."""
 
 from dataclasses import replace
 
@@ -89,7 +90,17 @@ def test_no_prefix_when_ungated_or_nothing_is_shared(tokenizer, llama_rollout):
     assert _gated(llama_rollout).policy.shared_prefix(other.input_ids, other.prompt_lens) is None
 
 
-def test_step_with_and_without_the_shared_prefix(tokenizer):
+# Decoder tokens saved per step, by distill.micro_batch_size. The prompts are the 22 shared tokens
+# plus 3, 9 and 5 of their own, 2 samples each: a group shares 24, 30 and 26 tokens (its prompt
+# less one). One row or one group per micro-batch: every row skips its group's prefix (2 x (24 +
+# 30 + 26) = 160), paid once per group (22 + 2 + 8 + 4 = 36), the second row of a group reusing
+# the first's when they are micro-batches of their own: 124. Four rows (A A B B, C C): the first
+# micro-batch shares only the 22, the second its group's 26: 6 x 22 + 2 x 4 - (22 + 4) = 114.
+SAVED = {1: 124, 2: 124, 4: 114}
+
+
+@pytest.mark.parametrize("micro_batch_size", sorted(SAVED))
+def test_step_with_and_without_the_shared_prefix(tokenizer, micro_batch_size):
     rollout = _prefixed_rollout(tokenizer, "llama")
     batch = rollout.batch
     dense = dense_logprobs(rollout.model, batch)
@@ -98,7 +109,10 @@ def test_step_with_and_without_the_shared_prefix(tokenizer):
     runs = []
     for share in (False, True):
         distill = _gated(rollout)
-        distill.cfg = replace(distill.cfg, share_prefix=share, pg_coef=0.0, lambda_kl=1.0)
+        distill.cfg = replace(
+            distill.cfg, share_prefix=share, pg_coef=0.0, lambda_kl=1.0,
+            micro_batch_size=micro_batch_size,
+        )  # fmt: skip
         fed = _decoder_tokens(distill)
         runs.append((distill.step(batch, dense, zeros, 1.0, dense_topk=topk), sum(fed)))
     (full, full_tokens), (shared, shared_tokens) = runs
@@ -106,4 +120,4 @@ def test_step_with_and_without_the_shared_prefix(tokenizer):
     # float noise flips where g is ~0, so the updated weights are not compared element-wise.
     for key in ("distill/loss", "distill/kl_topk", "distill/grad_norm"):
         assert full[key] == pytest.approx(shared[key], rel=1e-4)
-    assert shared_tokens == full_tokens - (len(batch) - 1) * 22
+    assert shared_tokens == full_tokens - SAVED[micro_batch_size]
