@@ -36,6 +36,8 @@ class DistillRun:
     p5_min: float | None  # median over settled steps of the smallest per-bin p5
     budgets: list[int]  # the schedule after the last step, pages per bin
     step_h: float  # sum of the steps' time (model load and checkpoints not included)
+    step_s_median: float | None  # a step's time, median over steps: a step slowed by another
+    # process on the 2 cores (an OpenMP thread waiting for a busy core) moves the sum, not this
     tail: dict | None  # tail.json (adapter runs)
 
 
@@ -67,6 +69,9 @@ def summarize(run_dir: Path) -> DistillRun:
         else None,  # fmt: skip
         budgets=[int(v) for _, v in budgets],
         step_h=sum(_finite(r.get("time/step_s") for r in rows)) / 3600,
+        step_s_median=statistics.median(t)
+        if (t := _finite(r.get("time/step_s") for r in rows))
+        else None,  # fmt: skip
         tail=json.loads(tail.read_text()) if tail.is_file() else None,
     )
 
@@ -87,8 +92,8 @@ def format_runs(runs: list[DistillRun]) -> str:
     lines = [
         "| run | steps | sparse tokens / step: mean (min) | completion tokens / step | KV-read "
         f"after step {SETTLED_AFTER}: mean ± sd (steps) | final budgets (pages per bin) | p5 min "
-        "(median) | top-K KL, first 5 -> last 5 steps | step time (h) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(median) | top-K KL, first 5 -> last 5 steps | step time: median (s) | steps' sum (h) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         sparse = "-" if not r.sparse_tokens else (
@@ -98,7 +103,7 @@ def format_runs(runs: list[DistillRun]) -> str:
         lines.append(
             f"| {r.name} | {r.steps} | {sparse} | {_f(_mean(r.tokens), '{:,.0f}')} | "
             f"{_spread(r.kv_read)} | {' '.join(map(str, r.budgets)) or '-'} | {_f(r.p5_min)} | "
-            f"{kl} | {r.step_h:.2f} |"
+            f"{kl} | {_f(r.step_s_median, '{:.0f}')} | {r.step_h:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -108,8 +113,8 @@ def format_arms(runs: list[DistillRun], steps: int) -> str:
     range), sparse tokens per step, the KL trend, step time."""
     lines = [
         "| arm | finished seeds | KV-read after warm-up: mean (range over seeds) | sparse tokens "
-        "/ step | top-K KL first 5 -> last 5 | step time per run (h) |",
-        "|---|---|---|---|---|---|",
+        "/ step | top-K KL first 5 -> last 5 | step time, median (s) | steps' sum per run (h) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in sorted({r.arm for r in runs}):
         done = [r for r in runs if r.arm == arm and r.steps >= steps and r.kv_read]
@@ -124,6 +129,7 @@ def format_arms(runs: list[DistillRun], steps: int) -> str:
         lines.append(
             f"| {arm} | {len(done)} | {statistics.fmean(kv):.3f} ({min(kv):.3f}-{max(kv):.3f}) | "
             f"{statistics.fmean(t for r in done for t in r.sparse_tokens):,.0f} | {trend} | "
+            f"{statistics.median(r.step_s_median or 0.0 for r in done):.0f} | "
             f"{statistics.fmean(r.step_h for r in done):.2f} |"
         )
     return "\n".join(lines) + "\n"
