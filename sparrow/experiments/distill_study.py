@@ -114,21 +114,25 @@ def tail_of(args, run: StudyRun, overrides: list[str], steps: dict[str, int]) ->
     base = "base_" + run.name.split("_", 1)[1]
     if out.is_file():
         return
-    archived_budgets = args.docs / "runs" / base / BUDGETS
-    if final_checkpoint(args.root / run.name, steps[run.name]) is None or (
-        final_checkpoint(args.root / base, steps.get(base, steps[run.name])) is None
-        and not archived_budgets.is_file()
-    ):
+    budgets = _base_budgets(args, base, steps.get(base, steps[run.name]))
+    if final_checkpoint(args.root / run.name, steps[run.name]) is None or budgets is None:
         print(f"distill_study: no tail for {run.name} yet ({run.name} and {base} must finish)")
         return
-    if final_checkpoint(args.root / base, steps.get(base, steps[run.name])) is not None:
-        budgets = settled_budgets(args.root / base)
-    else:  # the base run finished in an earlier checkout
-        budgets = json.loads(archived_budgets.read_text())["budgets_pages"]
     print(f"distill_study: offline tail of {run.name} at {base}'s budgets {budgets}", flush=True)
     cfg = load_config([*overrides, *run.overrides, f"run_dir={args.root / run.name}"])
     tail = offline_tail(cfg, args.root / run.name, budgets, args.tail_prompts, args.tail_samples)
     out.write_text(json.dumps({"budgets_from": base, **tail}, indent=1) + "\n")
+
+
+def _base_budgets(args, base: str, steps: int) -> list[int] | None:
+    """Where the finished base run's controller settled: from its final checkpoint, or archived
+    beside its metrics when it finished in an earlier checkout; None while it has not finished."""
+    if final_checkpoint(args.root / base, steps) is not None:
+        return settled_budgets(args.root / base)
+    archived_budgets = args.docs / "runs" / base / BUDGETS
+    if archived_budgets.is_file():
+        return json.loads(archived_budgets.read_text())["budgets_pages"]
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -30,6 +30,13 @@ class Rollout:
     plan: RolloutPlan  # which rows were dense (noise floor) and kept their logits
     stats: object  # the engine's GenerateStats of the generate call(s) (decode tok/s)
 
+    def free_logits(self) -> None:
+        """Drop the (C_b, V) rollout logits the batch and its outputs hold (read by the
+        acceptance, not needed after it)."""
+        self.batch.rollout_logits = None
+        for o in self.outputs:
+            o.logits = None
+
 
 def exact_rows(floor_rows: Tensor, exact_fraction: float) -> Tensor:
     """(B,) bool, the rows the exact acceptance measures: every k-th sequence (all groups alike;

@@ -23,6 +23,7 @@
     interruption.py    signals outside the step loop (start-up, export): stop at once, one line
     policy_export.py   the final policy/ written through policy.tmp and a rename
     context_room.py    the tokens a prompt may take (KV pool, position limit) and the knob to name
+    run_inputs.py      a run's prompts, then the memory plan they size, before any large allocation
     progress.py        the step line's elapsed time and ETA
     memory_plan.py     bytes per phase (weights, optimizer, engine pool, prefill, decode, actor)
     memory_fit.py      the plan against the device: size checkpointing/token budget, or refuse

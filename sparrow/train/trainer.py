@@ -41,21 +41,20 @@ from sparrow.rl.overlong import overlong_penalty, truncated_rows
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.rl.reference import ReferencePolicy
 from sparrow.rollout.engine import LLMEngine, SamplingParams
-from sparrow.tasks.data import PromptIterator, PromptsTooLong, load_eval_prompts, load_prompts
+from sparrow.tasks.data import PromptIterator
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
 from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.config import SparrowConfig
-from sparrow.train.context_room import context_room
 from sparrow.train.dynamic_sampling import Round, Sampled, sample_step
 from sparrow.train.evaluation import PairedBaseline, evaluate
 from sparrow.train.graceful_stop import GracefulStop, StopRequested
 from sparrow.train.interruption import STARTUP_ADVICE, stop_at_once
-from sparrow.train.memory_fit import fit_memory, rank_device_memory
 from sparrow.train.metrics_logger import MetricsLogger
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_export import export_policy
 from sparrow.train.policy_update import PolicyUpdate
 from sparrow.train.progress import StepClock
+from sparrow.train.run_inputs import load_run_inputs
 from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
 from sparrow.train.run_state import CheckpointedRun
 from sparrow.train.schedule_steering import ScheduleSteering
@@ -96,28 +95,14 @@ class GRPOTrainer(CheckpointedRun):
         seed_global_rngs(self.seeds.global_rngs)
         loaded = load_model(cfg.model)
         self.tokenizer = loaded.tokenizer
-        # Data first, so bad input fails in seconds rather than after DeepSpeed starts. Prompts
-        # the engine could not hold with a full completion are skipped and counted.
-        room = context_room(cfg, loaded.model.config)
-        try:
-            self.train_data = load_prompts(
-                cfg.data, self.tokenizer, context_tokens=room.tokens, heldout=False
-            )
-            self.eval_data = load_eval_prompts(  # never the training prompts
-                cfg.data, cfg.rl.eval.split, self.tokenizer, context_tokens=room.tokens
-            )
-        except PromptsTooLong as err:
-            raise room.too_long(err) from err
-        # The memory plan against the device before the engine's pool or the optimizer exist:
-        # sized actor knobs replace the configured ones for the whole run, or the run stops here.
-        on_gpu, (longest, prefix) = torch.cuda.is_available(), self.train_data.prompt_lengths()
-        self.memory = fit_memory(
-            cfg, ModelShape.from_hf_config(loaded.model.config),
-            int(os.environ.get("WORLD_SIZE", "1")), on_gpu, rank_device_memory(cfg.memory, on_gpu),
-            pinned, longest, prefix,
-        )  # fmt: skip
+        shape = ModelShape.from_hf_config(loaded.model.config)
+        on_gpu = torch.cuda.is_available()
+        # Prompts first, then the memory plan they size (run_inputs.py).
+        self.train_data, self.eval_data, self.memory = load_run_inputs(
+            cfg, self.tokenizer, loaded.model.config, shape, on_gpu, pinned
+        )
         cfg = self.cfg = self.memory.cfg
-        if torch.cuda.is_available():  # engine, DistillSparse and actor all live on this rank's GPU
+        if on_gpu:  # engine, DistillSparse and actor all live on this rank's GPU
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
             loaded.model.to(device)
@@ -156,7 +141,6 @@ class GRPOTrainer(CheckpointedRun):
             self.train_data, cfg.rl.prompts_per_step, self.seeds.data_order
         )
 
-        shape = ModelShape.from_hf_config(loaded.model.config)
         self.steering = ScheduleSteering(cfg, self.engine, shape, self.ranks)
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature,
@@ -247,7 +231,7 @@ class GRPOTrainer(CheckpointedRun):
             dense = self._logprobs(rollout.batch)
         with timer("monitor"):
             acceptance = self._acceptance(train.prompts, rollout, dense)
-            _free_logits(drawn.rollout)  # the groups dynamic sampling dropped hold theirs too
+            drawn.rollout.free_logits()  # the groups dynamic sampling dropped hold theirs too
         with timer("control"):
             control = self.steering.update(rollout.batch, acceptance.stats)
         with timer("update"):
@@ -351,7 +335,7 @@ class GRPOTrainer(CheckpointedRun):
         result = self.monitor.measure(
             self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats
         )
-        _free_logits(rollout)
+        rollout.free_logits()
         return result
 
     def _overlong(self, scores, batch: RolloutBatch) -> tuple:
@@ -459,10 +443,3 @@ class GRPOTrainer(CheckpointedRun):
             )
             + f"\n  {self.memory.line()}"
         )
-
-
-def _free_logits(rollout: Rollout) -> None:
-    """Drop the (C_b, V) rollout logits a batch and its outputs hold (read by the acceptance)."""
-    rollout.batch.rollout_logits = None
-    for o in rollout.outputs:
-        o.logits = None
