@@ -5,7 +5,6 @@ same table from the copies alone; and the table's arithmetic on hand-written met
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -122,13 +121,3 @@ def test_table_arithmetic_on_hand_written_metrics(tmp_path):
     assert "| 0.400 (0.330 to 0.470) | +0.100 (+0.050 to +0.150) | 2 | 16.0 | 1.0 | 2 |" in line
     arms = table.format_arms([run])
     assert "| tis_dynamic | 1 | 0.400 (0.400 to 0.400) | +0.100 (+0.100 to +0.100) |" in arms
-
-
-def test_the_metrics_copies_are_not_git_ignored():
-    """The report regenerates from docs/correction/runs: the copies must be committable."""
-    repo = Path(study.REPO)
-    if not (repo / ".git").exists():
-        pytest.skip("not a git checkout")
-    path = "docs/correction/runs/tis_s0/metrics.jsonl"
-    ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=repo, check=False)
-    assert ignored.returncode == 1, f"{path} is git-ignored"
