@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -16,9 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # An in-process DenseActor earlier in the session exports these (torch.distributed env init);
 # a child sparrow-train must start its own single-process group, not join that one.
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-# The smoke preset's CPU seconds (its compiler children included): ~19 s alone on the 2-core VM;
-# the margin covers a first DeepSpeed op build on a fresh machine.
-CPU_BUDGET_S = 120
 
 
 def _env(**extra) -> dict:
@@ -58,19 +54,10 @@ def test_bad_override_is_one_line_error(override, expected):
     assert len(lines) == 1 and expected in lines[0], out.stderr
 
 
-def _children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def test_smoke_preset_two_steps_end_to_end(tmp_path):
-    # The preset's budget is CPU time, not wall time: wall time doubles when another job shares
-    # the 2 cores (a CI neighbour, a background run), CPU time barely moves.
-    cpu_before = _children_cpu_seconds()
-    out = _train("preset=smoke", f"run_dir={tmp_path}", timeout=300)
-    cpu_seconds = _children_cpu_seconds() - cpu_before
+    # ~20 s alone on the 2-core VM; the timeout is a hang guard only.
+    out = _train("preset=smoke", f"run_dir={tmp_path}", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert cpu_seconds < CPU_BUDGET_S, f"smoke run used {cpu_seconds:.0f} s of CPU"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the evaluation before training
     assert 0.0 <= rows[0]["eval/accuracy"] <= 1.0

@@ -22,9 +22,10 @@ LAYERS, SPARSE_LAYERS = 28, 26  # Qwen3-1.7B; layers 0 and 1 dense
 NUM_PAGES = 24576 + 1  # the preset's pool and the padding rows' scratch page
 KV_BYTES = 2 * LAYERS * NUM_PAGES * 16 * 8 * 128 * 2  # K and V, 16-token pages, bf16
 SUMMARY_BYTES = 2 * LAYERS * NUM_PAGES * 8 * 128 * 2  # Quest's min and max per page, bf16
-# Wall seconds per configuration: 1.8-2.3 s alone, 3.9 s for the first one late in a CI run; the
-# trainer's rehearsal has its own bound (test_trainer_rehearsal.py). Measured together: 37-51 s.
-SECONDS = 5.0
+# What the rehearsal does, counted rather than timed (a wall bound failed on a loaded machine):
+# aten ops in the prefill and decode forwards and the sampler, 5,226-6,516 over the four
+# configurations (8d8bad3). A per-token or per-page Python loop in the hot path multiplies it.
+MAX_HOT_PATH_OPS = 8000
 
 
 def _token_read_line() -> int:
@@ -66,9 +67,9 @@ def test_engine_generates_on_a_fake_gpu_at_the_real_shape(cuda_graphs, sparse):
     # alone would be 16 GiB); decode at batch 16 a few MiB.
     assert report.peak["prefill"] - report.resident < 4 * GIB
     assert report.peak["decode"] - report.resident < GIB
-    assert report.seconds < SECONDS, f"the engine rehearsal took {report.seconds:.1f} s"
+    assert report.ops_checked < MAX_HOT_PATH_OPS, report.ops_checked
     print(
-        f"\n[engine rehearsal graphs={cuda_graphs} sparse={sparse}] {report.seconds:.1f} s; GiB: "
+        f"\n[engine rehearsal graphs={cuda_graphs} sparse={sparse}] GiB: "
         f"resident {report.resident / GIB:.2f} (KV {KV_BYTES / GIB:.2f}, summaries "
         f"{SUMMARY_BYTES / GIB:.2f}, weights 2 x {report.weight_bytes / GIB:.2f}), peaks "
         + ", ".join(f"{k} {v / GIB:.2f}" for k, v in sorted(report.peak.items()))

@@ -99,16 +99,14 @@ def test_hanging_expression_times_out_off_the_main_thread_and_is_counted(math_re
     outcome = {}
 
     def score_in_thread():
-        start = time.monotonic()
         outcome["result"] = math_reward("p", HANGING, "1/2")
-        outcome["seconds"] = time.monotonic() - start
 
-    worker = threading.Thread(target=score_in_thread)
+    # A hang guard only (the verify itself never returns): the timeout's effect is the result.
+    worker = threading.Thread(target=score_in_thread, daemon=True)
     worker.start()
-    worker.join(30)
+    worker.join(120)
     assert not worker.is_alive()
     assert outcome["result"].score == 0.0 and outcome["result"].extras == {"timeout": 1.0}
-    assert TIMEOUT_S <= outcome["seconds"] < TIMEOUT_S + 2.0
     assert math_reward.stats.timeouts == before + 1
     assert "9^{9^{9^{9}}}" in math_reward.stats.last_error
     # The killed worker was replaced: the verifier keeps working, from the main thread too.
@@ -120,10 +118,11 @@ def test_sandbox_times_out_reports_errors_and_recovers():
     sandbox = Sandbox()
     try:
         assert sandbox.call(operator.add, 2, 3, timeout_s=30) == 5  # includes worker start
-        start = time.monotonic()
+        sleeper = sandbox._worker.process
         with pytest.raises(SandboxTimeout):
-            sandbox.call(time.sleep, 30, timeout_s=0.3)
-        assert time.monotonic() - start < 2.0
+            sandbox.call(time.sleep, 600, timeout_s=0.3)
+        # The deadline killed the sleeping worker (a signal) rather than waiting for it.
+        assert sleeper.poll() is not None and sleeper.returncode < 0
         with pytest.raises(SandboxError, match="ZeroDivisionError"):
             sandbox.call(operator.truediv, 1, 0, timeout_s=30)
         assert sandbox.call(operator.mul, 6, 7, timeout_s=30) == 42
@@ -150,11 +149,21 @@ def test_raising_reward_is_counted_and_scores_zero():
 
 
 def test_slow_reward_hits_the_guard_deadline():
-    reward = GuardedReward(lambda p, c, r: time.sleep(10) or 1.0, "sleepy", timeout_s=0.2)
-    start = time.monotonic()
-    assert reward("p", "c", "r").score == 0.0
-    assert time.monotonic() - start < 1.0
-    assert reward.stats.timeouts == 1 and reward.stats.errors == 0
+    release = threading.Event()
+    finished = []
+
+    def blocked(prompt, completion, reference):
+        release.wait(600)
+        finished.append(1)
+        return 1.0
+
+    reward = GuardedReward(blocked, "sleepy", timeout_s=0.2)
+    try:
+        # The guard returned while the reward was still blocked: it kept the deadline.
+        assert reward("p", "c", "r").score == 0.0 and not finished
+        assert reward.stats.timeouts == 1 and reward.stats.errors == 0
+    finally:
+        release.set()
 
 
 def test_plain_float_is_accepted_and_nan_is_an_error():

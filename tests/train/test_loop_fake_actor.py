@@ -1,15 +1,14 @@
 """The whole GRPO loop (rollout, rewards, advantages, log-probs, acceptance, controller, update,
-weight sync, logging, checkpoint) on a tiny random model with the plain-torch FakeActor: seconds,
-and no DeepSpeed (the loop test passes in an interpreter where `import deepspeed` fails). And the
-FakeActor against the real DenseActor on one batch, so that what the loop test shows holds for
-the actor the trainer really uses."""
+weight sync, logging, checkpoint) on a tiny random model with the plain-torch FakeActor (a few
+seconds), and no DeepSpeed (the loop test passes in an interpreter where `import deepspeed`
+fails). And the FakeActor against the real DenseActor on one batch, so that what the loop test
+shows holds for the actor the trainer really uses."""
 
 import copy
 import json
 import os
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -22,9 +21,6 @@ from sparrow.tasks.rewards import GuardedReward
 from sparrow.train.trainer import GRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
-# The loop's CPU time (all threads of the process), asserted: wall time on a shared 2-core CPU
-# varies several-fold with the other jobs' load; ~3-6 s of CPU measured under load.
-LOOP_CPU_S = 10.0
 # 4-token pages and a 3-page budget: the ~30-token prompts decode sparsely from the first step.
 OVERRIDES = [
     "preset=tiny",
@@ -65,7 +61,6 @@ def _hand_loss(micro_batches) -> float:
 
 
 def test_two_steps_with_fake_actor(tmp_path):
-    start, start_cpu = time.monotonic(), time.process_time()
     trainer = _trainer(tmp_path, "distill=default")  # with the DistillSparse phase
     before = copy.deepcopy(trainer.actor.gathered_state_dict())
     seen, gathers = [], []
@@ -79,7 +74,6 @@ def test_two_steps_with_fake_actor(tmp_path):
 
     trainer.actor.train_step = recording_train_step
     trainer.fit()
-    elapsed, cpu = time.monotonic() - start, time.process_time() - start_cpu
 
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -117,8 +111,6 @@ def test_two_steps_with_fake_actor(tmp_path):
     engine_weight = trainer.engine.runner.model._parameter_views()[name]
     assert torch.equal(engine_weight, after[name].to(engine_weight.dtype))
     assert (tmp_path / "checkpoints" / "step_000002" / "COMPLETE").is_file()
-    print(f"two steps with FakeActor: {elapsed:.1f} s wall, {cpu:.1f} s CPU")
-    assert cpu < LOOP_CPU_S
 
 
 def test_the_loop_needs_no_deepspeed():
