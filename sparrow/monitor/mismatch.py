@@ -4,7 +4,9 @@ the acceptance: per position bin and for the step.
 
 On tokens drawn from the rollout policy q (full vocabulary: the policies are compared, not the
 top-p draws), with p the dense policy before the update and d = log p - log q per token:
-- k1 = E[-d] and k3 = E[e^d - 1 - d] (Schulman's estimators of KL(q || p); k3 >= 0 per token);
+- k1 = E[-d] and k3 = E[min(e^d - 1 - d, 10)] (Schulman's estimators of KL(q || p); k3 >= 0
+  per token, bounded like the KL loss's k3, sparrow/rl/losses.py `kl_k3_bounded`: one token
+  with a log-ratio of 30 adds 10, not e^20; verl's own metric, rollout_corr/k3_kl, is unbounded);
 - ppl_ratio: the dense policy's perplexity over the rollout's, per sequence, averaged over
   sequences: exp(mean_t(-d)) (> 1: the dense policy finds the rollout's tokens less likely);
 - ratio_max / ratio_min: the extreme token ratio e^d before any correction truncates it.
@@ -19,6 +21,7 @@ from torch import Tensor
 
 from sparrow.control.acceptance import flatten_completion
 from sparrow.distributed import Ranks
+from sparrow.rl.losses import K3_MAX
 from sparrow.rl.rollout_correction import MAX_LOG_RATIO
 
 
@@ -40,7 +43,8 @@ def mismatch_metrics(
     seq_ppl, _ = ranks.gather_tokens(seq_ppl, seq_ppl.new_zeros(len(seq_ppl), dtype=torch.long))
     if len(values) == 0:
         return {}
-    k1, k3 = -values, values.exp() - 1 - values  # (N,)
+    # The KL loss's bound; (e^d - 1) - d in the order this metric always summed (same bits).
+    k1, k3 = -values, (values.exp() - 1 - values).clamp(max=K3_MAX)  # (N,)
     metrics = {
         "mismatch/k1": float(k1.mean()),
         "mismatch/k3": float(k3.mean()),

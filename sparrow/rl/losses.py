@@ -15,7 +15,8 @@ min(exp(logp_old - logp_rollout), C) (Sparrow §RL recipe; Yao et al., "Your eff
 framework secretly brings you off-policy RL training"); the other modes are in
 sparrow/rl/rollout_correction.py. With kl_coef > 0, kl_coef x the KL to a frozen reference policy
 (the initial weights, sparrow/rl/reference.py) is added, estimated per token by k1 or k3
-(Schulman's "Approximating KL divergence") and aggregated like the policy loss.
+(Schulman's "Approximating KL divergence"; k3 bounded at 10 per token as verl bounds it) and
+aggregated like the policy loss.
 
 Aggregation (`aggregation`, verl's `loss_agg_mode`) turns the per-token losses of the step into one
 number, always with *global* denominators, so that summing the micro-batch losses (and
@@ -39,6 +40,9 @@ import torch
 from torch import Tensor
 
 from sparrow.rl.rollout_correction import MAX_LOG_RATIO, CorrectionConfig, make_correction
+
+# verl's bound on a token's k3 (its lower bound, -10, cannot bind: k3 >= 0).
+K3_MAX = 10.0
 
 # How the trainer reduces each metric over micro-batches and ranks. "sum" metrics are already
 # divided by the global token count, so their sum is the step's token mean.
@@ -66,7 +70,8 @@ class LossConfig:
     # paper's and verl's value): one token with a huge ratio would otherwise own the step.
     dual_clip: float | None = 3.0
     kl_coef: float = 0.0  # weight of the KL-to-reference term; 0: off (no reference pass needed)
-    kl_estimator: str = "k3"  # "k1" (logp - logp_ref) | "k3" (exp(d) - d - 1, d = logp_ref - logp)
+    # "k1" (logp - logp_ref) | "k3" (min(exp(d) - d - 1, 10), d = logp_ref - logp; verl's bound)
+    kl_estimator: str = "k3"
     aggregation: str = "token_mean"  # one of AGGREGATIONS (the module docstring)
 
     def __post_init__(self):
@@ -124,12 +129,24 @@ def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = logp_ref - logp; >= 0. (B, T)."""
+    """k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = logp_ref - logp; >= 0. (B, T).
+    Unbounded: DistillSparse's term and the approx_kl metric; the KL loss bounds it."""
     d = (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, T)
     return torch.exp(d) - d - 1.0
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k3": kl_k3}
+def kl_k3_bounded(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """The KL loss's k3: `kl_k3` at most K3_MAX per token, as verl 0.9.1 bounds it
+    (core_algos.kl_penalty_forward, "k3"/"low_var_kl"). A token past the bound (d > 2.61 or
+    d < -11.0) adds K3_MAX and no gradient, so one token with a log-ratio of 30 cannot add e^20
+    to the step's KL. (B, T)."""
+    return kl_k3(logprobs, ref_logprobs).clamp(max=K3_MAX)
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1,
+    "k3": kl_k3_bounded,
+}
 
 
 def global_token_mean(values: Tensor, mask: Tensor, global_num_tokens: float | Tensor) -> Tensor:

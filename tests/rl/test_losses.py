@@ -12,6 +12,7 @@ from sparrow.rl.losses import (
     PolicyLoss,
     kl_k1,
     kl_k3,
+    kl_k3_bounded,
 )
 from sparrow.rl.rollout_correction import CorrectionConfig
 
@@ -147,6 +148,42 @@ def test_kl_estimators_are_unbiased_over_a_full_distribution():
     kl = (pi * (pi / ref).log()).sum()
     assert (pi * kl_k1(pi.log(), ref.log())).sum().item() == pytest.approx(kl.item())
     assert (pi * kl_k3(pi.log(), ref.log())).sum().item() == pytest.approx(kl.item())
+
+
+def _verl_k3(logprob, ref_logprob):
+    """verl 0.9.1 core_algos.kl_penalty_forward(logprob, ref_logprob, "low_var_kl"), restated."""
+    kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+def test_k3_is_bounded_like_verl_value_and_gradient():
+    """Log-ratios d = logp_ref - logp on both sides of verl's bound (k3 = 10 at d = 2.61 and
+    d = -11.0) and of the +-20 clamp: sparrow's k3 equals verl's to the bit, and so does its
+    gradient, which is 0 past the bound (unbounded, d = 30 read e^20 - 21 = 4.85e8)."""
+    d = torch.tensor([-30.0, -11.5, -10.9, -5.0, -1.0, -1e-3, 0.0, 0.5, 2.6, 2.62, 5.0, 25.0, 30.0])
+    ref = torch.full_like(d, -2.0, dtype=torch.float64)
+    ours = (ref - d.double()).requires_grad_(True)
+    theirs = ours.detach().clone().requires_grad_(True)
+    k3_ours, k3_verl = kl_k3_bounded(ours, ref), _verl_k3(theirs, ref)
+    assert torch.equal(k3_ours, k3_verl)
+    assert k3_ours.max().item() == 10.0 and k3_ours[-1].item() == 10.0
+    k3_ours.sum().backward()
+    k3_verl.sum().backward()
+    assert torch.equal(ours.grad, theirs.grad)
+    past = (d > 2.611) | (d < -11.0)
+    assert ours.grad[past].abs().max().item() == 0.0
+    assert (ours.grad[~past & (d != 0)] != 0).all()
+    # Through the loss: the KL term of a 2-token step with d = 30 on one token.
+    logp = torch.tensor([[-1.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    ref_lp = torch.tensor([[-1.0 + 30.0, -1.0 + 0.5]], dtype=torch.float64)
+    loss_fn = PolicyLoss(LossConfig(kl_coef=1.0, kl_estimator="k3"), NO_CORRECTION)
+    zero = torch.zeros(1, 2, dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, m = loss_fn(logp, logp.detach(), logp.detach(), zero, mask, 2, ref_logprobs=ref_lp)
+    want = float(_verl_k3(logp.detach(), ref_lp).sum()) / 2  # verl agg_loss token-mean
+    assert m["kl_ref"].item() == want == pytest.approx((10.0 + math.exp(0.5) - 1.5) / 2)
+    loss.backward()
+    assert logp.grad[0, 0].item() == 0.0 and logp.grad[0, 1].item() != 0.0
 
 
 def test_kl_term_added_with_coefficient_and_requires_ref():
