@@ -1,18 +1,21 @@
 """Hydra composition of conf/ into a typed SparrowConfig, with one-line errors for bad input.
 
 The structured schema (sparrow/train/config.py) is registered as `sparrow_schema`, so a mistyped
-key or a value of the wrong type fails composition; the message names the key. This is the only
-place that turns a DictConfig into dataclasses.
+key or a value of the wrong type fails composition; the message names the key. An override Hydra
+cannot parse for want of quotes (a run dir with spaces split by the shell) gets the quoted form
+that works. This is the only place that turns a DictConfig into dataclasses.
 """
 
 import os
+import re
+import shlex
 from pathlib import Path
 
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -49,7 +52,7 @@ def compose_dict(overrides: list[str], config_name: str = "config"):
         raise ConfigError(f"malformed YAML: {' '.join(str(err).split())}") from err
     # Hydra reports some malformed overrides (e.g. "=3") as a plain ValueError.
     except (HydraException, OmegaConfBaseException, ValueError) as err:
-        raise ConfigError(_one_line(err)) from err
+        raise ConfigError(_quoting_hint(err, overrides) or _one_line(err)) from err
 
 
 def load_config(overrides: list[str]) -> SparrowConfig:
@@ -60,6 +63,57 @@ def load_config(overrides: list[str]) -> SparrowConfig:
         raise ConfigError(_one_line(err)) from err
     except ValueError as err:  # a config dataclass's __post_init__ rejected a value
         raise ConfigError(str(err)) from err
+
+
+def _quoting_hint(err: BaseException, overrides: list[str]) -> str | None:
+    """The one line for an override Hydra cannot parse because a value was not quoted: one that
+    the shell split at a space (`run_dir=/tmp/my runs/x` arrives as two arguments) or one whose
+    value holds characters Hydra's grammar reserves; None for other errors."""
+    if not isinstance(err, OverrideParseException) or err.override not in overrides:
+        return None
+    why = err.message.splitlines()[1 if err.message.startswith("Error parsing") else 0]
+    i = overrides.index(err.override)
+    split = "=" not in err.override and not _is_key(err.override)  # not a forgotten =value
+    if split and i > 0 and "=" in overrides[i - 1]:
+        rest = [err.override]
+        for more in overrides[i + 1 :]:
+            if "=" in more:
+                break
+            rest.append(more)
+        key, value = overrides[i - 1].split("=", 1)
+        value = " ".join([value, *rest])
+    elif "=" in err.override:
+        key, value = err.override.split("=", 1)
+    else:
+        return None
+    if not value or value[0] in "[{'\"":  # a list, a dict or already quoted: not this mistake
+        return None
+    return (
+        f"cannot parse override {err.override!r} ({why}): a value with spaces or special "
+        f"characters must be quoted for the shell and for Hydra, e.g. "
+        f"{shlex.quote(f'{key}={_hydra_quoted(value)}')}"
+    )
+
+
+def _is_key(text: str) -> bool:
+    """Whether `text` names a key of the schema (e.g. `rl.steps`) or a group of conf/."""
+    key = text.lstrip("+~")
+    if (conf_dir() / key).is_dir():
+        return True
+    absent = object()
+    try:
+        schema = OmegaConf.structured(SparrowConfig)
+        return OmegaConf.select(schema, key, default=absent) is not absent
+    except OmegaConfBaseException:
+        return False
+
+
+def _hydra_quoted(value: str) -> str:
+    """`value` as a quoted string of Hydra's override grammar (a backslash escapes the quote, and
+    backslashes before a quote or at the end are doubled)."""
+    quote = "'" if '"' in value and "'" not in value else '"'
+    escaped = re.sub(rf"(\\\\*)(?={quote}|$)", r"\1\1", value).replace(quote, "\\" + quote)
+    return f"{quote}{escaped}{quote}"
 
 
 def _one_line(err: BaseException) -> str:
