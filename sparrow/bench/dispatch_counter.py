@@ -18,8 +18,10 @@ It counts
 
 With `strict=True` a host sync raises `HostSyncError` at the op that caused it (the sync guard of
 the decode tests). Triton launches do not go through the dispatcher: `count_triton_launches`
-wraps the JIT kernels of the given modules so that each `kernel[grid](...)` call is counted; the
-`sparrow::` ops that wrap them (kernels/ops.py) pass through uncounted.
+wraps the `run` of each JIT kernel of the given modules (`wrap_triton_runs`: on the kernel object,
+never a stand-in for it in its module, so that a kernel compiled meanwhile still finds its
+@triton.jit helpers) and counts each `kernel[grid](...)` call; the `sparrow::` ops that wrap them
+(kernels/ops.py) pass through uncounted.
 """
 
 import contextlib
@@ -165,47 +167,58 @@ class DispatchCounter(TorchDispatchMode):
         self.ops_by_group.setdefault(self.group, Counter())[name] += 1
 
 
+# What a Triton kernel object is: compiled, interpreted (TRITON_INTERPRET=1), or autotuned.
+KERNEL_TYPES = ("JITFunction", "InterpretedFunction", "Autotuner")
+
+
+@contextlib.contextmanager
+def wrap_triton_runs(modules: list[types.ModuleType], wrap):
+    """While open, each Triton kernel defined at the top level of `modules` launches through
+    `wrap(name, kernel, run)`, a function that takes `run`'s arguments (`*args, grid=, warmup=,
+    **kwargs`) and may call `run`. `kernel[grid](...)` calls `kernel.run`: the wrapper is set
+    on the kernel object itself, which stays in its module. A kernel compiled while the context
+    is open (its first launch at a new specialisation) resolves its @triton.jit helpers from the
+    module's globals, and a stand-in object there would not compile. Nests; restored on exit."""
+    patched = []
+    for module in modules:
+        for name, kernel in vars(module).items():
+            if type(kernel).__name__ in KERNEL_TYPES:
+                own = vars(kernel).get("run", _ABSENT)  # an enclosing wrap's, if any
+                kernel.run = wrap(name, kernel, kernel.run)
+                patched.append((kernel, own))
+    try:
+        yield
+    finally:
+        for kernel, own in reversed(patched):
+            if own is _ABSENT:
+                del kernel.run
+            else:
+                kernel.run = own
+
+
+_ABSENT = object()
+
+
 @contextlib.contextmanager
 def count_triton_launches(modules: list[types.ModuleType], counter: DispatchCounter):
     """Count `kernel[grid](...)` launches of every Triton JIT kernel defined at the top level of
     `modules` into `counter` (as launches named `triton:<kernel>`) while the context is open."""
-    patched = []
-    for module in modules:
-        for name, obj in vars(module).items():
-            if type(obj).__name__ in ("JITFunction", "InterpretedFunction", "Autotuner"):
-                patched.append((module, name, obj))
-                setattr(module, name, _CountingKernel(obj, name, counter))
-    try:
-        yield counter
-    finally:
-        for module, name, obj in patched:
-            setattr(module, name, obj)
 
-
-class _CountingKernel:
-    def __init__(self, kernel, name: str, counter: DispatchCounter):
-        self._kernel, self._name, self._counter = kernel, name, counter
-
-    def __getitem__(self, grid):
-        launch = self._kernel[grid]
-
-        def run(*args, **kwargs):
-            self._counter.record(f"triton:{self._name}")
-            self._counter.triton_launches[self._name] += 1
+    def wrap(name, kernel, run):
+        def counted(*args, grid, warmup, **kwargs):
+            if warmup:  # compiles, launches nothing
+                return run(*args, grid=grid, warmup=warmup, **kwargs)
+            counter.record(f"triton:{name}")
+            counter.triton_launches[name] += 1
             # Under TRITON_INTERPRET the launch copies its tensor arguments with torch ops; on
             # a GPU it is one launch.
-            paused, self._counter.paused = self._counter.paused, True
+            paused, counter.paused = counter.paused, True
             try:
-                return launch(*args, **kwargs)
+                return run(*args, grid=grid, warmup=warmup, **kwargs)
             finally:
-                self._counter.paused = paused
+                counter.paused = paused
 
-        return run
+        return counted
 
-    def __call__(self, *args, **kwargs):
-        # A @triton.jit helper called from inside another kernel (the interpreter resolves it
-        # through the module's globals): not a launch.
-        return self._kernel(*args, **kwargs)
-
-    def __getattr__(self, attr):
-        return getattr(self._kernel, attr)
+    with wrap_triton_runs(modules, wrap):
+        yield counter
