@@ -102,3 +102,55 @@ def test_the_same_seed_gives_the_same_run(tmp_path):
     rows = [_metrics(tmp_path / n) for n in ("a", "b")]
     assert [r["step"] for r in rows[0]] == [0, 1, 2]
     assert rows[0] == rows[1]
+
+
+def _streams(seeds, step: int) -> dict[str, int]:
+    return {
+        "sampling": seeds.sampling,
+        "data_order": seeds.data_order,
+        "global": seeds.global_rngs,
+        "distill_init": seeds.distill_init,
+        "distill_dropout": seeds.distill_dropout,
+        "eval": seeds.eval(step),
+        "speedup": seeds.speedup(step),
+    }
+
+
+def test_every_stream_is_derived_from_seed():
+    """Each stream of RunSeeds as the module docstring derives it from (seed, stream, rank), plus
+    the step for evaluation and the speedup probe: so each moves with `seed`, and none is
+    seeded from the step or the rank alone."""
+    for rank in (0, 1):
+        for step in (0, 7):
+            by_seed = {}
+            for seed in (0, 1, 2):
+                derived = _streams(resolve_seeds(seed, None, True, None, rank), step)
+                assert derived == {
+                    "sampling": stream_seed(seed, "sampling", rank),
+                    "data_order": stream_seed(seed, "data_order"),  # one order for all ranks
+                    "global": stream_seed(seed, "global"),
+                    "distill_init": stream_seed(seed, "distill_init"),  # every rank alike
+                    "distill_dropout": stream_seed(seed, "distill_dropout", rank),
+                    "eval": stream_seed(seed, "eval", rank) + step,
+                    "speedup": stream_seed(seed, "speedup", rank) + step,
+                }
+                by_seed[seed] = derived
+            for stream in by_seed[0]:
+                values = {by_seed[seed][stream] for seed in by_seed}
+                assert len(values) == len(by_seed), f"{stream} does not move with seed"
+
+
+def test_evaluation_samples_from_the_eval_stream(tmp_path):
+    """The trainer's evaluation at step 3 asks the engine for seed 5's eval stream + 3."""
+    trainer = GRPOTrainer(
+        load_config([*TINY, "seed=5", "rl.eval.num_prompts=2", f"run_dir={tmp_path}"]), FakeActor
+    )
+    seeds, real_generate = [], trainer.engine.generate
+
+    def generate(*args, **kwargs):
+        seeds.append(kwargs.get("seed"))
+        return real_generate(*args, **kwargs)
+
+    trainer.engine.generate, trainer.step = generate, 3
+    trainer._evaluate()
+    assert seeds == [stream_seed(5, "eval", 0) + 3]
