@@ -16,6 +16,7 @@ from pathlib import Path
 from test_loop_fake_actor import _trainer
 
 from sparrow.train import checkpoint
+from sparrow.train.run_history import truncate_metrics
 
 WANDB_FILES = Path(__file__).resolve().parent / "wandb_files.py"
 
@@ -86,3 +87,38 @@ def test_row_is_durable_before_its_checkpoint_is_marked_complete(tmp_path, monke
     for step in (1, 2):
         complete = events.index(("checkpoint complete", step))
         assert ("row durable", step) in events[:complete], events
+
+
+def test_cleanly_lost_row_is_restored_into_the_file(tmp_path, caplog):
+    """The torn case above with the last row lost whole (the file ends at a line boundary, as
+    after a copy cut short between rows): nothing is cut back, yet the checkpoint's row must be
+    written back to metrics.jsonl, not only handed to the logger."""
+    common = ["rl.save_every=1"]
+    _trainer(tmp_path, "rl.steps=2", *common).fit()
+    before = _rows(tmp_path)
+    assert [r["step"] for r in before] == [1, 2]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "metrics.jsonl").write_text("".join(lines[:-1]))
+
+    with caplog.at_level(logging.WARNING):
+        _trainer(tmp_path, "rl.steps=3", *common).fit()
+    after = _rows(tmp_path)
+    assert [r["step"] for r in after] == [1, 2, 3]
+    assert after[:2] == before  # step 2's row as it was logged, not redone
+    assert "the row of step 2 was torn or missing; restored it from the step-2 checkpoint" in (
+        caplog.text
+    )
+
+
+def test_truncate_writes_back_a_cleanly_lost_row(tmp_path):
+    """run_history alone: the file re-read after the cut holds the checkpoint's row."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in (1, 2)))
+    lost = {"step": 3, "loss": 0.3}
+    history = truncate_metrics(path, 3, checkpoint_row=lost)
+    assert history.restored_step == 3
+    assert (
+        _rows(tmp_path)
+        == history.rows
+        == [{"step": 1, "loss": 0.1}, {"step": 2, "loss": 0.2}, lost]
+    )
