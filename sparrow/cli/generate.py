@@ -69,6 +69,7 @@ def _main(argv: list[str] | None) -> int:
         raise UserError(one_line(e)) from e  # it names the file, row or column
     prompts = dataset.prompts[: args.limit] if args.limit else dataset.prompts
     longest = max(len(p.token_ids) for p in prompts)
+    _check_positions(longest, args.max_tokens, lm.model.config)
     # What the scheduler requires of one request (its last sampled token is never cached).
     need = -(-(longest + args.max_tokens - 1) // args.page_size)
     if need > args.num_pages:
@@ -152,6 +153,23 @@ def _load(data: DataConfig, tokenizer):
         dataset = load_prompts(data, tokenizer)
         dataset.prompts = [replace(p, answer=None) for p in dataset.prompts]
         return dataset
+
+
+def _check_positions(longest: int, max_tokens: int, model_config) -> None:
+    """Refuse a prompt that the model's positions cannot hold with its completion: no KV pool
+    extends them, so the advice is never a larger --num-pages."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions is None or longest + max_tokens <= positions:
+        return
+    fix = "shorten that prompt or drop its row"
+    if positions > max_tokens:
+        fix += f" (--max-prompt-tokens {positions - max_tokens} skips the rows over that)"
+    if longest < positions:
+        fix += f", or lower --max-tokens to at most {positions - longest}"
+    raise UserError(
+        f"the longest prompt has {longest} tokens: with --max-tokens {max_tokens} it is over the "
+        f"model's {positions} positions, which no KV pool extends; {fix}"
+    )
 
 
 def _schedule(args):

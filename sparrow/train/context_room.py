@@ -3,7 +3,8 @@
 A prompt must fit the engine's KV pool (`rollout.engine.num_pages` x `page_size` tokens) and the
 model's positions together with the longest completion (training or evaluation); prompts over
 the room are skipped and counted by the loader. When every prompt is over it, the one line names
-the knob that sets the room and, for the pool, the value that would let the shortest prompt in.
+the knob that sets the room and, for the pool, the value that would let the shortest prompt in;
+a prompt over the model's positions is to be shortened or dropped (no pool holds it).
 """
 
 from dataclasses import dataclass
@@ -28,15 +29,26 @@ class ContextRoom:
         return min(window, self.positions or window) - self.completion_tokens
 
     def too_long(self, err: PromptsTooLong) -> ValueError:
-        """The error for data none of whose prompts fits, naming the key that sets the room."""
+        """The error for data none of whose prompts fits, naming the key that sets the room; it
+        never advises a pool past the model's positions."""
         if self.tokens >= err.shortest_tokens:  # data.max_prompt_tokens binds: err names it
             return ValueError(str(err))
         completion = f"a {self.completion_tokens}-token completion ({_COMPLETION_KEYS})"
         shortest = f"the shortest prompt has {err.shortest_tokens} tokens"
-        if self.positions is not None and self.positions < self.num_pages * self.page_size:
+        if self.positions is not None and err.shortest_tokens >= self.positions:
+            room = max(self.positions - self.completion_tokens, 0)
+            return ValueError(
+                f"{shortest}, over the model's {self.positions} positions, which no KV pool "
+                f"extends: shorten the prompts or drop those rows (with {completion} a prompt "
+                f"may have {room} tokens)"
+            )
+        if self.positions is not None and (
+            err.shortest_tokens + self.completion_tokens > self.positions
+        ):
             return ValueError(
                 f"the model's {self.positions} positions hold no prompt with {completion}: "
-                f"{shortest}; lower {_COMPLETION_KEYS}"
+                f"{shortest}; lower {_COMPLETION_KEYS} to at most "
+                f"{self.positions - err.shortest_tokens} or shorten the prompts"
             )
         pages = -(-(err.shortest_tokens + self.completion_tokens) // self.page_size)
         return ValueError(
