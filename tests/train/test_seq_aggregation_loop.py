@@ -18,6 +18,20 @@ MAX_NEW = 8  # rollout.max_new_tokens in test_loop_fake_actor's overrides: Dr. G
 DRAWN = 6  # what the engine is allowed to draw here
 
 
+class RecordingLoss:
+    """The trainer's PolicyLoss, recording each call's (loss mask, N, StepCounts)."""
+
+    def __init__(self, loss):
+        self.loss, self.calls = loss, []
+
+    def __getattr__(self, name):  # everything else PolicyUpdate asks of the loss
+        return getattr(self.loss, name)
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args[4], args[5], kwargs["step"]))
+        return self.loss(*args, **kwargs)
+
+
 def _one_step(tmp_path, aggregation: str, *extra: str, eos_rows: bool = False) -> dict:
     """One step with `aggregation`; returns the batch, the loss calls' (mask, N, counts), the
     update's micro-batches and the logged row. `eos_rows`: every other row made an EOS stop, so
@@ -27,13 +41,9 @@ def _one_step(tmp_path, aggregation: str, *extra: str, eos_rows: bool = False) -
     )
     assert trainer.cfg.rollout.max_new_tokens == MAX_NEW
     trainer.sampling.max_tokens = DRAWN
-    seen = {"calls": []}
-    real_loss, real_overlong = trainer.policy_update.loss_fn, trainer._overlong
-    real_train_step = trainer.actor.train_step
-
-    def loss_fn(*args, **kwargs):
-        seen["calls"].append((args[4], args[5], kwargs["step"]))
-        return real_loss(*args, **kwargs)
+    loss = RecordingLoss(trainer.policy_update.loss_fn)
+    seen = {"calls": loss.calls}
+    real_overlong, real_train_step = trainer._overlong, trainer.actor.train_step
 
     def overlong(scores, batch):
         if eos_rows:
@@ -45,7 +55,7 @@ def _one_step(tmp_path, aggregation: str, *extra: str, eos_rows: bool = False) -
         seen["micro_batches"] = micro_batches
         return real_train_step(micro_batches, loss, temperature)
 
-    trainer.policy_update.loss_fn, trainer._overlong = loss_fn, overlong
+    trainer.policy_update.loss_fn, trainer._overlong = loss, overlong
     trainer.actor.train_step = train_step
     trainer.fit()
     seen["row"] = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
