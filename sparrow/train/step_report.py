@@ -1,6 +1,7 @@
-"""What one step reports: rollout metrics from the batch, and the console lines per step and per
-evaluation."""
+"""What one step reports: rollout metrics from the batch, the console lines per step and per
+evaluation, and the one warning when the reward starts failing."""
 
+import logging
 import math
 
 import torch
@@ -9,9 +10,11 @@ from sparrow.distributed import Ranks
 from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_memory import micro_batch_activation_bytes
 from sparrow.rl.batch import RolloutBatch
-from sparrow.tasks.rewards import BatchScores
+from sparrow.tasks.rewards import BatchScores, GuardedReward
 from sparrow.train.config import SparrowConfig
 from sparrow.train.memory_plan import actor_micro_batch_tokens
+
+log = logging.getLogger(__name__)
 
 
 def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ranks) -> dict:
@@ -31,6 +34,33 @@ def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ra
     }
 
 
+class RewardFailures:
+    """A reward that fails (raises, returns a non-finite score or overruns its deadline) scores
+    0 and the run goes on, so a reward broken on every completion would train to the end at
+    `reward 0.000` unseen: the first step with failures on any rank warns once, on rank 0, with
+    the reward's name, the step's count and the last error; every step's line counts them."""
+
+    def __init__(self, reward: GuardedReward, ranks: Ranks):
+        self.reward, self.ranks = reward, ranks
+        self.warned = False
+
+    def check(self, step: int, metrics: dict) -> None:
+        """Call on every rank with the step's all-rank metrics (collective the first time)."""
+        failed = int(metrics["reward/errors"] + metrics["reward/timeouts"])
+        if self.warned or not failed:
+            return
+        self.warned = True
+        # Every rank sees the same sums, so all join this gather once.
+        errors = self.ranks.gather_strided([self.reward.stats.last_error])
+        last = " ".join(next(e for e in errors if e).split())
+        if self.ranks.rank == 0:
+            log.warning(
+                "reward %r failed on %d of %d completions in step %d (each scored 0); last "
+                "error: %s (the step line counts failures as reward_errors)",
+                self.reward.name, failed, int(metrics["reward/calls"]), step, last[:400],
+            )  # fmt: skip
+
+
 def throughput_metrics(tokens_per_rank: float, world: int, times: dict) -> dict:
     """Generated tokens per second of all ranks, over the rollout phase and over the whole step."""
     tokens = tokens_per_rank * world
@@ -41,8 +71,9 @@ def throughput_metrics(tokens_per_rank: float, world: int, times: dict) -> dict:
 
 
 def format_step_line(step: int, total: int, m: dict) -> str:
-    """reward, accuracy, lengths, loss, clip fractions, rollout-correction weights (mean [min,
-    max], and the truncated / masked token shares), p5, KV ratio, time split."""
+    """reward, accuracy, lengths, the reward's failures (when any), loss, clip fractions,
+    rollout-correction weights (mean [min, max], and the truncated / masked token shares), p5,
+    KV ratio, time split."""
 
     def g(key, fmt="{:.3f}"):
         value = m.get(key, math.nan)
@@ -67,9 +98,11 @@ def format_step_line(step: int, total: int, m: dict) -> str:
             f"{g('sampling/groups_drawn', '{:.0f}')} in {g('sampling/rounds', '{:.0f}')} "
             f"rounds{limit}"
         )
+    failed = m.get("reward/errors", 0) + m.get("reward/timeouts", 0)
+    failures = f" reward_errors {failed:.0f}/{g('reward/calls', '{:.0f}')}" if failed else ""
     return (
         f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
-        f"len {g('len/completion_mean', '{:.1f}')}{sampling} | {update} | "
+        f"len {g('len/completion_mean', '{:.1f}')}{failures}{sampling} | {update} | "
         f"p5 min {g('accept/p5_min')} "
         f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
         f"logp {g('time/logprobs_s', '{:.1f}')}s monitor {g('time/monitor_s', '{:.1f}')}s "

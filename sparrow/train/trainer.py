@@ -59,6 +59,7 @@ from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
 from sparrow.train.run_state import CheckpointedRun
 from sparrow.train.schedule_steering import ScheduleSteering
 from sparrow.train.step_report import (
+    RewardFailures,
     format_eval_line,
     format_plan,
     format_step_line,
@@ -150,6 +151,7 @@ class GRPOTrainer(CheckpointedRun):
             ignore_eos=cfg.rollout.ignore_eos,
         )
         self.reward = build_reward(cfg.rl.reward)
+        self.reward_failures = RewardFailures(self.reward, self.ranks)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
         self.policy_update = PolicyUpdate(
             self.actor, PolicyLoss(cfg.rl.loss, cfg.rl.correction), reference, self.ranks, cfg
@@ -259,6 +261,7 @@ class GRPOTrainer(CheckpointedRun):
         metrics |= acceptance.metrics | control | self.steering.kv_read(drawn.rollout.batch)
         metrics |= sampled.metrics | update_metrics(update | distill) | overlong["metrics"]
         metrics |= self.ranks.sums(drawn.scores.stats.as_metrics())
+        self.reward_failures.check(self.step + 1, metrics)
         return metrics | times | throughput_metrics(metrics["rollout/tokens"], self.world, times)
 
     # ---- the phases -------------------------------------------------------------------------
