@@ -13,10 +13,11 @@ times the rollout correction's detached weight, which corrects for sampling from
 engine rather than from the dense policy: by default the truncated importance sampling weight
 min(exp(logp_old - logp_rollout), C) (Sparrow §RL recipe; Yao et al., "Your efficient RL
 framework secretly brings you off-policy RL training"); the other modes are in
-sparrow/rl/rollout_correction.py. With kl_coef > 0, kl_coef x the KL to a frozen reference policy
-(the initial weights, sparrow/rl/reference.py) is added, estimated per token by k1 or k3
-(Schulman's "Approximating KL divergence"; k3 bounded at 10 per token as verl bounds it) and
-aggregated like the policy loss.
+sparrow/rl/rollout_correction.py, where `seq_mask` rejects rows instead: as in verl, they leave
+the loss mask, and the step's counts, which the caller takes after the rejection. With
+kl_coef > 0, kl_coef x the KL to a frozen reference policy (the initial weights,
+sparrow/rl/reference.py) is added, estimated per token by k1 or k3 (Schulman's "Approximating KL
+divergence"; k3 bounded at 10 per token as verl bounds it) and aggregated like the policy loss.
 
 Aggregation (`aggregation`, verl's `loss_agg_mode`) turns the per-token losses of the step into one
 number, always with *global* denominators, so that summing the micro-batch losses (and
@@ -226,15 +227,17 @@ class PolicyLoss:
             old_logprobs: (B, T) dense log-probs before the update (no grad).
             rollout_logprobs: (B, T) the rollout engine's log-probs of the same tokens.
             advantages: (B, T) per-token advantages.
-            loss_mask: (B, T) bool, completion tokens.
-            global_num_tokens: completion tokens of the step over all micro-batches and ranks.
-                Pass the true global count: sparrow's DenseActor undoes DeepSpeed's averaging
-                over ranks and micro-batches, so gradients add up to the step's token mean.
+            loss_mask: (B, T) bool, completion tokens. Rows the correction rejects (seq_mask)
+                leave it here, for the policy and the KL terms alike.
+            global_num_tokens: completion tokens of the step over all micro-batches and ranks,
+                those of rejected rows left out (rollout_correction.make_rejection). Pass the
+                true global count: sparrow's DenseActor undoes DeepSpeed's averaging over ranks
+                and micro-batches, so gradients add up to the step's token mean.
             ref_logprobs: (B, T) reference log-probs; required iff `needs_ref`.
             entropy: (B, T) per-token entropy to log (the actor's `LogprobOutput.entropy`), or
                 None.
-            step: the step's sequence count and L, needed by the seq_* aggregations (their token
-                count is `global_num_tokens`).
+            step: the step's sequence count (rejected rows left out) and L, needed by the seq_*
+                aggregations (their token count is `global_num_tokens`).
         Returns:
             loss: () scalar with grad. metrics: () detached tensors, keys and their reduction
             over micro-batches/ranks in METRIC_REDUCTIONS; min/max are +inf/-inf on a micro-batch
@@ -250,12 +253,13 @@ class PolicyLoss:
             pg, dual_clipped = self._dual_clip(pg, advantages)
         correction = self._correction(old_logprobs, rollout_logprobs, loss_mask)
         pg = pg * correction.weight  # (B, T)
+        kept = loss_mask & ~correction.rejected  # (B, T) what the policy and KL terms sum over
         mean = partial(global_token_mean, mask=loss_mask, global_num_tokens=global_num_tokens)
         if cfg.aggregation == "token_mean":
             step = StepCounts(global_num_tokens)
         elif step is None:
             raise ValueError(f"aggregation {cfg.aggregation!r} needs the step's counts (step=)")
-        agg = partial(aggregate, mask=loss_mask, mode=cfg.aggregation, step=step)
+        agg = partial(aggregate, mask=kept, mode=cfg.aggregation, step=step)
         pg_loss = agg(pg)
         loss = pg_loss
 

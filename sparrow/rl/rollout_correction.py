@@ -14,9 +14,15 @@ one pure function per mode, chosen once by `make_correction`:
 - `seq_tis`: w = min(e^S, cap) on every token of a sequence, S = the sum of d over its completion
   tokens (the product of its ratios). Equal to verl 0.9.1 `rollout_is="sequence"`, SkyRL 0.3.0
   `tis_ratio_type="sequence"`, TRL 1.16 `sequence_truncate`.
-- `seq_mask` (geometric rejection): w = 1 on a sequence whose geometric-mean ratio e^(S/n)
-  (n completion tokens) is in [lo, hi], else 0 on all its tokens. Equal to verl 0.9.1
-  `rollout_rs="seq_mean_k1"` (symmetric bounds), SkyRL 0.3.0 `sequence_mask_metric="geometric"`.
+- `seq_mask` (geometric rejection): a sequence whose geometric-mean ratio e^(S/n) (n completion
+  tokens) is outside [lo, hi] is rejected: its tokens leave the loss mask, so they count neither
+  in the step's token count (the token_mean denominator), nor among its sequences (as overlong-
+  masked rows; verl's seq-mean modes divide by the mini-batch's rows, rejected ones included),
+  nor in the KL term; kept sequences get w = 1. Equal to verl 0.9.1 `rollout_rs="seq_mean_k1"`
+  (symmetric bounds), whose rejection edits the response mask the whole update reads
+  (rollout_corr_helper.compute_rollout_correction_and_add_to_batch), and SkyRL 0.3.0
+  `sequence_mask_metric="geometric"`. The step's counts are taken before the update, so the
+  caller removes the rejected tokens first (`make_rejection`; train/policy_update.py).
 - `none`: w = 1.
 
 Peers that differ (so sparrow's mode is not theirs): OpenRLHF's `seq` mask keeps each surviving
@@ -39,6 +45,7 @@ from torch import Tensor
 # Log-ratios are clamped before exp, as verl does, so a stray -inf log-prob cannot make inf * 0.
 MAX_LOG_RATIO = 20.0
 CORRECTION_MODES = ("tis", "token_mask", "seq_tis", "seq_mask", "none")
+REJECTING_MODES = ("seq_mask",)  # modes whose Correction.rejected is not always empty
 
 
 @dataclass
@@ -65,6 +72,8 @@ class Correction:
     weight: Tensor  # (B, T) detached, multiplies the token's loss
     truncated: Tensor  # (B, T) bool, tokens whose weight was cut down to the cap
     masked: Tensor  # (B, T) bool, tokens whose loss the correction zeroed
+    # (B, T) bool, tokens of rejected rows: out of the loss mask (its counts and the KL term too)
+    rejected: Tensor
 
 
 CorrectionFn = Callable[[Tensor, Tensor, Tensor], Correction]
@@ -95,7 +104,7 @@ def token_tis(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap:
         Correction; truncated where e^d > cap.
     """
     ratio = torch.exp(_token_log_ratio(old_logprobs, rollout_logprobs))  # (B, T)
-    return Correction(ratio.clamp(max=cap), ratio > cap, _nothing(mask))
+    return Correction(ratio.clamp(max=cap), ratio > cap, _nothing(mask), _nothing(mask))
 
 
 def token_mask(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, lo: float, hi: float):
@@ -108,7 +117,7 @@ def token_mask(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, lo:
     """
     ratio = torch.exp(_token_log_ratio(old_logprobs, rollout_logprobs))  # (B, T)
     keep = (ratio >= lo) & (ratio <= hi)  # (B, T)
-    return Correction(torch.where(keep, ratio, 0.0), _nothing(mask), ~keep)
+    return Correction(torch.where(keep, ratio, 0.0), _nothing(mask), ~keep, _nothing(mask))
 
 
 def sequence_tis(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float):
@@ -123,31 +132,33 @@ def sequence_tis(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, c
     log_s = _sequence_log_ratio(old_logprobs, rollout_logprobs, mask)  # (B, 1)
     ratio = torch.exp(log_s.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # (B, 1)
     weight = ratio.clamp(max=cap).expand_as(mask)  # (B, T)
-    return Correction(weight, (ratio > cap).expand_as(mask), _nothing(mask))
+    return Correction(weight, (ratio > cap).expand_as(mask), _nothing(mask), _nothing(mask))
 
 
 def sequence_mask(
     old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, lo: float, hi: float
 ):
-    """Geometric sequence mask: a row is dropped (w = 0 on all its tokens) when its geometric-mean
-    ratio e^(S/n) is outside [lo, hi], n its completion tokens; kept rows get w = 1.
+    """Geometric sequence rejection: a row is rejected (w = 0 and out of the loss mask on all its
+    tokens) when its geometric-mean ratio e^(S/n) is outside [lo, hi], n its completion tokens;
+    kept rows get w = 1. A row the mask already cut has no token left to reject, so applying the
+    rejection twice (to the step's mask, then per micro-batch) rejects nothing more.
 
     Args:
         old_logprobs, rollout_logprobs: (B, T). mask: (B, T) bool, completion tokens.
     Returns:
-        Correction; masked on every token of a dropped row.
+        Correction; masked and rejected on every token of a rejected row.
     """
     log_s = _sequence_log_ratio(old_logprobs, rollout_logprobs, mask)  # (B, 1)
     num_tokens = mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
     log_geo = (log_s / num_tokens).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, 1)
     geo = torch.exp(log_geo)  # (B, 1)
     keep = ((geo >= lo) & (geo <= hi)).expand_as(mask)  # (B, T)
-    return Correction(keep.to(old_logprobs.dtype), _nothing(mask), ~keep)
+    return Correction(keep.to(old_logprobs.dtype), _nothing(mask), ~keep, ~keep)
 
 
 def no_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor):
     """w = 1: the tokens are trained as if the dense policy had sampled them. (B, T)."""
-    return Correction(torch.ones_like(old_logprobs), _nothing(mask), _nothing(mask))
+    return Correction(torch.ones_like(old_logprobs), _nothing(mask), _nothing(mask), _nothing(mask))
 
 
 def make_correction(cfg: CorrectionConfig) -> CorrectionFn:
@@ -159,3 +170,13 @@ def make_correction(cfg: CorrectionConfig) -> CorrectionFn:
         "seq_mask": partial(sequence_mask, lo=cfg.lo, hi=cfg.hi),
         "none": no_correction,
     }[cfg.mode]
+
+
+def make_rejection(cfg: CorrectionConfig) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+    """For a mode that rejects rows (REJECTING_MODES), the function (old_logprobs,
+    rollout_logprobs, mask) (B, T) each -> (B, T) bool, the tokens of `mask` it rejects; None for
+    the modes that only weight tokens. The step's counts are taken without these tokens."""
+    if cfg.mode not in REJECTING_MODES:
+        return None
+    correction = make_correction(cfg)
+    return lambda old, rollout, mask: correction(old, rollout, mask).rejected & mask

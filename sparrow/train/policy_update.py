@@ -1,6 +1,7 @@
 """One GRPO/TIS update of theta on a step's batch: the loss mask (rows left out by overlong
-filtering), the no-signal skip, the step's counts for the seq_* aggregations, the frozen
-reference's log-probs in the actor's micro-batches, and the metrics reduced over ranks."""
+filtering and by the rollout correction's rejection), the no-signal skip, the step's counts for
+the seq_* aggregations, the frozen reference's log-probs in the actor's micro-batches, and the
+metrics reduced over ranks."""
 
 import logging
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from sparrow.rl.batch import RolloutBatch
 from sparrow.rl.losses import METRIC_REDUCTIONS, PolicyLoss, StepCounts
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.rl.reference import ReferencePolicy
+from sparrow.rl.rollout_correction import make_rejection
 from sparrow.train.config import SparrowConfig
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class PolicyUpdate:
     ):
         self.actor, self.loss_fn, self.reference = actor, loss_fn, reference
         self.ranks, self.cfg = ranks, cfg
+        self.rejection = make_rejection(cfg.rl.correction)  # None unless rl.correction rejects
 
     def __call__(
         self,
@@ -57,6 +60,13 @@ class PolicyUpdate:
         loss_mask = batch.completion_mask
         if masked_rows is not None:  # out of the loss and of its token count
             loss_mask = loss_mask & ~masked_rows[:, None]
+        rejected_frac = None
+        if self.rejection is not None:  # seq_mask: as verl, rejected rows leave the mask and counts
+            rejected = self.rejection(dense.token_logprobs, batch.drawn_logprobs, loss_mask)
+            totals = ranks.sums({"rejected": float(rejected.sum()), "all": float(loss_mask.sum())})
+            rejected_frac = totals["rejected"] / max(totals["all"], 1.0)
+            loss_mask = loss_mask & ~rejected
+        if masked_rows is not None or rejected_frac is not None:
             token_advantages = token_advantages * loss_mask
             num_tokens = max(ranks.sum(loss_mask.sum()), 1.0)  # all cut: a zero loss
         if cfg.rl.skip_no_signal and ranks.sum(token_advantages.ne(0).sum()) == 0:
@@ -99,4 +109,6 @@ class PolicyUpdate:
 
         update = actor.train_step(actor.micro_batches(train_batch), micro_batch_loss, temperature)
         update |= {k: ranks.extreme(v, METRIC_REDUCTIONS[k]) for k, v in extremes.items()}
+        if rejected_frac is not None:  # the loss saw the mask without them
+            update["correction/masked_frac"] = rejected_frac
         return UpdateOutcome(update | {"no_signal": 0.0}, ran=True)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from sparrow.rl.losses import METRIC_REDUCTIONS, LossConfig, PolicyLoss
-from sparrow.rl.rollout_correction import CorrectionConfig, make_correction
+from sparrow.rl.rollout_correction import CorrectionConfig, make_correction, make_rejection
 
 CAP, LO, HI = 2.0, 0.5, 5.0
 # d = logp_old - logp_rollout per completion token; rows are right-padded to 4 tokens.
@@ -330,3 +330,21 @@ def test_config_is_validated():
         CorrectionConfig(lo=2.0, hi=1.0)
     with pytest.raises(ValueError, match="cap > 0"):
         CorrectionConfig(cap=0.0)
+
+
+def test_seq_mask_rejected_rows_leave_the_kl_term():
+    """Called directly (the update cuts the rows from the mask before, train/policy_update.py),
+    the loss still leaves the rejected rows (1 and 2) out of the KL term, as verl's rejection
+    leaves them out of the response mask its KL loss sums over; token_mask's zero weights do not."""
+    old, rollout, adv, mask = _batch()
+    ref = old - 0.3  # logp = old: d = logp_ref - logp = -0.3 on every token
+    k3 = math.exp(-0.3) + 0.3 - 1
+    for mode, kl_tokens in (("seq_mask", 5), ("token_mask", 10)):
+        cfg = CorrectionConfig(mode=mode, cap=CAP, lo=LO, hi=HI)
+        loss_fn = PolicyLoss(LossConfig(kl_coef=0.5), cfg)
+        rejection = make_rejection(cfg)
+        rejected = torch.zeros_like(mask) if rejection is None else rejection(old, rollout, mask)
+        assert int(rejected.sum()) == 10 - kl_tokens and (rejection is None) == (mode != "seq_mask")
+        n = int((mask & ~rejected).sum())
+        _, m = loss_fn(old.clone(), old, rollout, adv, mask, n, ref_logprobs=ref)
+        assert m["kl_ref"].item() == pytest.approx(kl_tokens * k3 / n, rel=1e-12), mode
