@@ -12,7 +12,12 @@ is one device gather of its rows' slots.
 With `pad_shapes` the batch, the page columns and the selection counts are rounded up to buckets
 (`bucket`), so that consecutive steps repeat their shapes and a captured CUDA graph can replay
 them. Padding rows decode a one-token sequence on a scratch page that no sequence owns; their
-outputs are dropped. Torch-free bookkeeping apart from the tensors themselves.
+outputs are dropped. Without it (eager decode), `column_multiple` still rounds the page columns
+and the selection counts up to a multiple: Triton specialises a kernel on whether each integer
+argument and stride is divisible by 16 and on its pointers' 16-byte alignment, so an eager step
+whose width changed parity compiled new variants mid-generation; the runner sets 16 when its
+kernels are Triton's. `min_columns` fixes a floor on the width (a benchmark's steps then all
+share one shape). Torch-free bookkeeping apart from the tensors themselves.
 """
 
 from dataclasses import dataclass
@@ -64,6 +69,7 @@ class DecodePlan:
         scratch_page: int,
         device: torch.device,
         pad_shapes: bool = False,
+        column_multiple: int = 1,
         slots: int = 64,
         columns: int = 64,
     ):
@@ -73,6 +79,8 @@ class DecodePlan:
         self.scratch_page = scratch_page  # page no sequence owns: padding rows write there
         self.device = device
         self.pad_shapes = pad_shapes
+        self.column_multiple = column_multiple  # unpadded steps: columns, counts rounded up to it
+        self.min_columns = 0  # every step's page table is at least this wide
         self._pin = device.type == "cuda"
         # Row `slots` (the last) is the padding row: every entry is the scratch page.
         shape = (slots + 1, columns)
@@ -128,8 +136,8 @@ class DecodePlan:
             tokens.append(seq.last_token_id)
             lens.append(num_tokens)
             last_page.append(table_row[(num_tokens - 1) // ps])
-        if longest > self.table.shape[1]:
-            self._grow(columns=longest)
+        if max(longest, self.min_columns) > self.table.shape[1]:
+            self._grow(columns=max(longest, self.min_columns))
         self.last_update_entries = len(pages)
         if pages:
             entries = self._host([rows, cols, pages])  # (3, E)
@@ -147,7 +155,8 @@ class DecodePlan:
     ) -> DecodeStep:
         ps, num = self.page_size, len(slots)
         batch = bucket(num) if self.pad_shapes else num
-        columns = min(bucket(longest), self.table.shape[1]) if self.pad_shapes else longest
+        wide = max(longest, self.min_columns)
+        columns = min(bucket(wide) if self.pad_shapes else self._round(wide), self.table.shape[1])
         pad = batch - num
         positions = np.asarray(lens, dtype=np.int64) - 1  # (num,)
         fill = positions % ps + 1
@@ -177,9 +186,9 @@ class DecodePlan:
             kept = [min(b, p) for b, p in zip(budgets, pages, strict=True)]
             top = [b - self.floor if p > b else 0 for b, p in zip(budgets, pages, strict=True)]
             max_selected, max_top = max(kept), max(top)
-            if self.pad_shapes:
-                max_selected = min(bucket(max_selected), columns)
-                max_top = min(bucket(max_top), columns) if max_top else 0
+            up = bucket if self.pad_shapes else self._round
+            max_selected = min(up(max_selected), columns)
+            max_top = min(up(max_top), columns) if max_top else 0
         return DecodeStep(
             rows=rows[:7],
             page_table=table,
@@ -188,6 +197,10 @@ class DecodePlan:
             max_selected=max_selected,
             max_top=max_top,
         )
+
+    def _round(self, n: int) -> int:
+        """n rounded up to a multiple of `column_multiple`."""
+        return -(-n // self.column_multiple) * self.column_multiple
 
     def _host(self, values: list[list[int]]) -> Tensor:
         """One (len(values), n) int64 device tensor from host lists (numpy converts lists of

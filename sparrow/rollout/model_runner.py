@@ -86,6 +86,7 @@ class ModelRunner:
             scratch_page=num_pages,
             device=self.device,
             pad_shapes=cuda_graphs,
+            column_multiple=16 if triton_kernels else 1,  # eager: no Triton re-specialising
             slots=max_batch_size,
         )
 
