@@ -20,14 +20,25 @@ not depend on the values, and 8 prefills of 32K tokens would cost more than all 
 Per batch and graphs setting, the sparse step (every row at `--budget-tokens`, layers 0-1 dense)
 and the dense step are each run `--warmup` times (Triton compiles, graphs are captured), then
 timed `--iters` times: CUDA events on a GPU (the median is the figure), the wall clock on a
-CPU. On a GPU the host share of the step (the part the GPU spent waiting for the host between
-launches, step_timer.py) comes from a few profiled steps. The JSON holds every step time, the
-sparse/dense ratio, the shapes and the KV bytes (pool, held, read per step). Exits non-zero when
-a configuration did not run as asked (no timed step, or graphs asked for and not replayed).
+CPU. Every step of a batch has one page-table width (the decode plan's `min_columns`: the width
+the longest row reaches by the batch's last step), so the warm-up meets every Triton
+specialisation and graph shape the timed steps do, and no JIT compile lands in a timed step
+(counted: `jit_compiles_timed`, jit_compiles.py). On a GPU the host share of the step (the part
+the GPU spent waiting for the host between launches, step_timer.py) comes from
+`--profile-steps` profiled steps per configuration, in a pass of their own after every
+configuration was timed and every graph captured: a profiler session never sits between two
+captures. `--compile-only` runs the warm-up alone (a GPU check's first part: the Triton cache
+is then warm for the timed run). The JSON holds every step time, the sparse/dense ratio, the
+shapes and the KV bytes (pool, held, read per step). Exits non-zero when a configuration did not
+run as asked (no timed step, graphs asked for and not replayed, a compile in a timed step).
 """
 
 import argparse
+import functools
+import importlib
 import json
+import os
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +46,7 @@ from pathlib import Path
 import torch
 
 from sparrow.bench.device import bench_device
+from sparrow.bench.jit_compiles import CompileWatch
 from sparrow.bench.random_runner import RandomWeights
 from sparrow.bench.step_timer import StepTimer, host_share, summary
 from sparrow.models.random_init import random_model_config
@@ -54,6 +66,9 @@ DEFAULTS = {
     "warmup": (3, 1),
     "profile_steps": (3, 0),
 }
+# The Triton kernels' modules (sparrow/kernels), watched for compiles when the engine uses them.
+TRITON_MODULES = ("decode_triton", "score_triton", "select_triton", "norm_rope_triton",
+                  "swiglu_triton", "kv_write_triton")  # fmt: skip
 
 
 @dataclass
@@ -66,6 +81,8 @@ class Bench:
     dtype: torch.dtype
     page_size: int
     weights_bytes: int  # every weight, read once per decode step
+    kernel_modules: list  # the Triton kernels' modules when the engine launches them, else []
+    budget_pages: int = 0  # sparse rows' budget
     next_seq_id: int = 0
 
 
@@ -81,11 +98,24 @@ def build(args: argparse.Namespace) -> Bench:
         max_batch_size=max(args.batches),
         dtype=args.dtype,
         linear_backend="torch",
+        backend=args.backend,
         cuda_graphs=args.device.type == "cuda" and True in args.graphs,
     )
     weights_bytes = sum(t.numel() * t.element_size() for t in weights.parameters())
     engine = LLMEngine(weights, None, cfg)  # copies the weights: the random ones can go
-    return Bench(engine, config, args.device, dtype, args.page_size, weights_bytes)
+    triton = args.device.type == "cuda" or (
+        args.backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+    )
+    modules = [importlib.import_module(f"sparrow.kernels.{m}") for m in TRITON_MODULES]
+    return Bench(engine, config, args.device, dtype, args.page_size, weights_bytes,
+                 modules if triton else [], args.budget_tokens // args.page_size)  # fmt: skip
+
+
+def final_pages(args: argparse.Namespace) -> int:
+    """Pages of the longest row at a batch's last step (timed run or profiling pass): the
+    plan's fixed page-table width for the batch."""
+    steps = len(args.graphs) * 2 * (args.warmup + args.iters + args.profile_steps) + 1
+    return -(-(args.context + steps) // args.page_size)
 
 
 def pool_pages(args: argparse.Namespace) -> int:
@@ -144,43 +174,87 @@ def fill_random_kv(bench: Bench, seqs: list[Sequence]) -> None:
         kv.dense_copy.invalidate()
 
 
-def measure(bench: Bench, args, seqs: list[Sequence], bm: BlockManager, sparse: bool, graphs: bool):
-    """Warm-up, then `args.iters` timed steps (and the profiled ones on a GPU) of one arm."""
-    engine, runner = bench.engine, bench.engine.runner
-    budgets = [args.budget_tokens // bench.page_size] * len(seqs) if sparse else None
+def measure(bench: Bench, args, seqs: list[Sequence], bm: BlockManager, sparse: bool, graphs: bool,
+            timed: bool = True) -> dict:  # fmt: skip
+    """Warm-up, then `args.iters` timed steps of one arm (`timed`=False: the warm-up alone)."""
+    runner = bench.engine.runner
     timer = StepTimer(bench.device)
+    step = _stepper(bench, seqs, bm, sparse)
+    with eager_unless(runner, graphs), CompileWatch(bench.kernel_modules) as watch:
+        replayed = runner.graphs.num_replayed if runner.graphs is not None else 0
+        captured = runner.graphs.num_captured if runner.graphs is not None else 0
+        advance(step, seqs, bm, max(1, args.warmup))
+        warm = watch.count
+        times = []
+        for _ in range(args.iters if timed else 0):
+            ms, tokens = timer.time(step)
+            times.append(ms)
+            append(seqs, bm, tokens.tolist())
+        compiled_timed = watch.count - warm
+    graph_counts = (0, 0) if runner.graphs is None else (
+        runner.graphs.num_replayed - replayed, runner.graphs.num_captured - captured
+    )  # fmt: skip
+    result = summary(times) if times else {"steps_ms": []}
+    return result | {
+        "graph_replays": graph_counts[0],
+        "graph_captures": graph_counts[1],
+        "jit_compiles_warmup": warm,
+        "jit_compiles_timed": compiled_timed,
+        "context_tokens_at_end": max(s.num_tokens for s in seqs),
+        "kernel_ms": None,  # the profiling pass fills these
+        "device_events_per_step": 0.0,
+        "host_share": None,
+    }
 
-    def step() -> torch.Tensor:  # (B,) sampled token ids, on the device
+
+def _stepper(bench: Bench, seqs: list[Sequence], bm: BlockManager, sparse: bool):
+    """One decode step of `seqs` (sparse: every row at the budget), returning the (B,) sampled
+    token ids on the device; the caller appends them."""
+    engine, runner = bench.engine, bench.engine.runner
+    budgets = [bench.budget_pages] * len(seqs) if sparse else None
+
+    def step() -> torch.Tensor:
         # Summaries refreshed on sparse steps only, as generate does (with a schedule set).
         logits = runner.decode(seqs, budgets, update_summaries=sparse)
         return engine.sampler(logits, temperature=1.0).token_ids
 
-    def steps(n: int) -> None:
-        for _ in range(n):
-            append(seqs, bm, step().tolist())
+    return step
 
-    with eager_unless(runner, graphs):
-        replayed = runner.graphs.num_replayed if runner.graphs is not None else 0
-        steps(args.warmup)
-        times = []
-        for _ in range(args.iters):
-            ms, tokens = timer.time(step)
-            times.append(ms)
-            append(seqs, bm, tokens.tolist())
-        # At least one kernel per layer, or the profiler missed the graph's kernels.
-        kernel_ms, events = timer.kernel_ms(
-            lambda: steps(args.profile_steps), args.profile_steps, bench.config.num_hidden_layers
-        )
-        replayed = (runner.graphs.num_replayed - replayed) if runner.graphs is not None else 0
-    result = summary(times)
-    result |= {
-        "kernel_ms": kernel_ms,
-        "device_events_per_step": events,
-        "host_share": host_share(result["step_ms"], kernel_ms),
-        "graph_replays": replayed,
-        "context_tokens_at_end": max(s.num_tokens for s in seqs),
-    }
-    return result
+
+def advance(step, seqs: list[Sequence], bm: BlockManager, n: int) -> None:
+    """`n` untimed steps, each one's tokens appended."""
+    for _ in range(n):
+        append(seqs, bm, step().tolist())
+
+
+def profile_pass(bench: Bench, args, report: dict) -> None:
+    """The host share of every configuration timed: `args.profile_steps` profiled steps each,
+    on fresh sequences of the batch (same shapes: the graphs captured for the timed steps
+    replay), after every timed step and capture of the run. A capture here is a problem."""
+    runner = bench.engine.runner
+    timer = StepTimer(bench.device)
+    for batch in args.batches:
+        rows = [r for r in report["runs"] if r["batch"] == batch]
+        if not rows:
+            continue
+        seqs, bm = sequences(bench, batch, args.samples, args.context)
+        for row in rows:
+            for arm in ("sparse", "dense"):
+                step = _stepper(bench, seqs, bm, arm == "sparse")
+                steps = functools.partial(advance, step, seqs, bm, args.profile_steps)
+                with eager_unless(runner, row["graphs"]):
+                    captured = runner.graphs.num_captured if runner.graphs is not None else 0
+                    # At least one kernel per layer, or the profiler missed the graph's kernels.
+                    kernel_ms, events = timer.kernel_ms(
+                        steps, args.profile_steps, bench.config.num_hidden_layers
+                    )
+                    if runner.graphs is not None and runner.graphs.num_captured > captured:
+                        report["errors"].append({"batch": batch, "error": "a CUDA graph was "
+                                                 "captured inside the profiling pass"})  # fmt: skip
+                r = row[arm]
+                r |= {"kernel_ms": kernel_ms, "device_events_per_step": events}
+                r["host_share"] = host_share(r["step_ms"], kernel_ms)
+        print_profile(rows)
 
 
 class eager_unless:
@@ -223,14 +297,19 @@ def kv_bytes(bench: Bench, args, batch: int, held_pages: int = 0) -> dict:
     }
 
 
-def run(bench: Bench, args, batch: int) -> list[dict]:
-    """Both arms at each graphs setting for one batch (its sequences made once)."""
+def run(bench: Bench, args, batch: int, timed: bool = True) -> list[dict]:
+    """Both arms at each graphs setting for one batch (its sequences made once, every step at
+    one page-table width)."""
+    bench.engine.runner.plan.min_columns = final_pages(args)
     seqs, bm = sequences(bench, batch, args.samples, args.context)
     held = len({page for seq in seqs for page in seq.page_table})  # shared pages once
     rows = []
     for graphs in args.graphs:
-        sparse = measure(bench, args, seqs, bm, sparse=True, graphs=graphs)
-        dense = measure(bench, args, seqs, bm, sparse=False, graphs=graphs)
+        sparse = measure(bench, args, seqs, bm, sparse=True, graphs=graphs, timed=timed)
+        dense = measure(bench, args, seqs, bm, sparse=False, graphs=graphs, timed=timed)
+        if not timed:
+            rows.append({"batch": batch, "graphs": graphs, "sparse": sparse, "dense": dense})
+            continue
         rows.append({
             "batch": batch, "prompts": batch // args.samples, "samples": args.samples,
             "graphs": graphs, "sparse": sparse, "dense": dense,
@@ -252,6 +331,10 @@ def problems(report: dict) -> list[str]:
                 found.append(f"{name}: the {arm} step was not timed")
             if row["graphs"] and r["graph_replays"] < report["iters"]:
                 found.append(f"{name}: the {arm} step did not replay a CUDA graph")
+            if r["jit_compiles_timed"]:
+                found.append(
+                    f"{name}: {r['jit_compiles_timed']} Triton compiles in timed {arm} steps"
+                )
     found += [f"batch {e['batch']}: {e['error']}" for e in report.get("errors", [])]
     asked = len(report["batches"]) * len(report["graphs"])
     if len(report["runs"]) != asked:
@@ -261,21 +344,63 @@ def problems(report: dict) -> list[str]:
 
 def print_row(row: dict) -> None:
     s, d = row["sparse"], row["dense"]
-
-    def share(r: dict) -> str:
-        return "-" if r["host_share"] is None else f"{r['host_share']:.2f}"
-
     print(
         f"batch {row['batch']:>3} ({row['prompts']} x {row['samples']}), graphs "
         f"{'on ' if row['graphs'] else 'off'}: sparse {s['step_ms']:8.3f} ms  dense "
-        f"{d['step_ms']:8.3f} ms  dense/sparse {row['ratio']:5.2f}x  host share sparse "
-        f"{share(s)} dense {share(d)}",
+        f"{d['step_ms']:8.3f} ms  dense/sparse {row['ratio']:5.2f}x",
         flush=True,
     )
 
 
+def print_profile(rows: list[dict]) -> None:
+    def share(r: dict) -> str:
+        return "-" if r["host_share"] is None else f"{r['host_share']:.2f}"
+
+    for row in rows:
+        print(
+            f"batch {row['batch']:>3}, graphs {'on ' if row['graphs'] else 'off'}: host share "
+            f"sparse {share(row['sparse'])} dense {share(row['dense'])} (profiled)",
+            flush=True,
+        )
+
+
+def compile_only(args) -> int:
+    """Every configuration's warm-up and nothing else: the Triton variants and graph shapes the
+    timed run meets, compiled (into Triton's cache) and captured; the JSON says what and how
+    long."""
+    start = time.perf_counter()
+    bench = build(args)
+    report = {"bench": "decode-step", "compile_only": True, "batches": args.batches,
+              "graphs": args.graphs, "runs": [], "errors": []}  # fmt: skip
+    with CompileWatch(bench.kernel_modules) as watch:
+        for batch in args.batches:
+            try:
+                report["runs"] += run(bench, args, batch, timed=False)
+            except Exception as err:
+                print(f"batch {batch} failed: {traceback.format_exc(limit=-3)}", flush=True)
+                report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
+    graphs = bench.engine.runner.graphs
+    report |= {
+        "jit_compiles": watch.count,
+        "jit_compiles_by_kernel": dict(watch.by_kernel),
+        "graph_captures": graphs.num_captured if graphs is not None else 0,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    _write(args.json, report)
+    print(
+        f"decode-step --compile-only: {watch.count} Triton compiles, {report['graph_captures']} "
+        f"graph captures, {report['seconds']} s",
+        flush=True,
+    )
+    for e in report["errors"]:
+        print(f"sparrow-bench decode-step: batch {e['batch']}: {e['error']}")
+    return 1 if report["errors"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compile_only:
+        return compile_only(args)
     bench = build(args)
     c = bench.config
     report = {
@@ -304,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         "graphs": args.graphs,
         "iters": args.iters,
         "warmup": args.warmup,
+        "profile_steps": args.profile_steps,
+        "page_columns": final_pages(args),
         "weights_bytes": bench.weights_bytes,
         "kv_bytes_per_token": kv_bytes(bench, args, 1)["per_token"],
         "kv_pool_bytes": kv_bytes(bench, args, 1)["pool"],
@@ -322,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
             report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
             print(f"batch {batch} failed: {tail}", flush=True)
         _write(args.json, report)  # what ran survives a later failure
+    if args.profile_steps > 0 and bench.device.type == "cuda":
+        try:  # after every timed configuration and capture
+            profile_pass(bench, args, report)
+        except Exception as err:
+            print(f"profiling pass failed: {traceback.format_exc(limit=-3)}", flush=True)
+            report["errors"].append({"batch": None, "error": f"profiling: {err}"})
     report["ratio"] = {
         f"batch {r['batch']}, graphs {'on' if r['graphs'] else 'off'}": r["ratio"]
         for r in report["runs"]
@@ -353,7 +486,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     p.add_argument("--iters", type=int, default=None, help="timed steps per arm (median)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per arm first")
-    p.add_argument("--profile-steps", type=int, default=None, help="GPU: steps for host share")
+    p.add_argument(
+        "--profile-steps", type=int, default=None,
+        help="GPU: profiled steps per configuration for the host share, in a pass after every "
+        "timed one (0: none)",
+    )  # fmt: skip
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton", "cpp"],
+                   help="attention kernels (EngineConfig.backend)")  # fmt: skip
+    p.add_argument(
+        "--compile-only", action="store_true",
+        help="the warm-up alone: compile and capture what the timed run meets",
+    )  # fmt: skip
     p.add_argument(
         "--graphs", default="auto", choices=["auto", "on", "off"],
         help="CUDA graphs: auto = both on and off on CUDA, off on a CPU",
