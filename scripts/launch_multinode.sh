@@ -15,6 +15,10 @@
 # Checkpoints under the run directory must be on a filesystem shared by all nodes.
 # When a rank dies, the others exit at their next collective (exit code 4, one line); a rank that
 # hangs instead is given up after actor.collective_timeout_min (60 min by default).
+# torchrun's agent runs in sparrow/cli/launcher.py (so $PYTHON must import sparrow): a failed run
+# ends with one line naming each failed local rank's exit, then the line the lowest of them
+# stopped with, and this script exits with that rank's code (4 after a lost rank; 1 when no rank
+# said why), where torchrun would end with its traceback and exit 1.
 set -euo pipefail
 # The Python whose torch runs the job: $PYTHON, else the checkout's .venv, else python3.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,7 +60,7 @@ else
     entry=(-m sparrow.cli.train)
 fi
 
-exec "${PYTHON}" -m torch.distributed.run \
+exec "${PYTHON}" -m sparrow.cli.launcher \
     --nnodes "${NNODES}" \
     --node_rank "${NODE_RANK}" \
     --nproc_per_node "${NPROC_PER_NODE}" \

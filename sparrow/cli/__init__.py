@@ -9,4 +9,6 @@ panel_drawing.py  one panel drawn with matplotlib
 wandb_workspace.py the panels as a wandb-workspaces workspace
 config_loader.py  Hydra composition with one-line errors
 errors.py         the error boundary every console script shares (user errors: one line)
+launcher.py       torchrun's agent for scripts/launch_multinode.sh: a failed run ends with
+                  sparrow's line and exit code
 """

@@ -6,14 +6,20 @@ line on stderr that names the key, option or path and what to do, and the script
 a bad command-line option is such a line too (`ArgumentParser`), not a usage dump. SIGTERM or
 SIGINT outside the training loop prints one line and exits with 128 + signal
 (sparrow/train/interruption.py). Anything else is a bug in sparrow and keeps its traceback.
+Under torchrun a stopping line is also the worker's error file, which the launcher
+(sparrow/cli/launcher.py) prints last.
 
     sys.exit(run_main("sparrow-generate", lambda: _main(argv)))
 """
 
 import argparse
 import errno
+import json
+import os
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from sparrow.train.interruption import Interrupted, stop_at_once
 
@@ -57,17 +63,29 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
         try:
             return body()
         except Interrupted as stop:
-            print(f"{prog}: {stop}", file=sys.stderr, flush=True)
-            return stop.exit_code
+            return stop_line(f"{prog}: {stop}", stop.exit_code)
         except KeyboardInterrupt:  # a body run off the main thread has no handler of ours
-            print(f"{prog}: interrupted", file=sys.stderr)
-            return _INTERRUPT_EXIT
+            return stop_line(f"{prog}: interrupted", _INTERRUPT_EXIT)
         except Exception as err:
             line = user_error_line(err)
             if line is None:
                 raise
-            print(f"{prog}: error: {line}", file=sys.stderr)
-            return USER_ERROR_EXIT
+            return stop_line(f"{prog}: error: {line}", USER_ERROR_EXIT)
+
+
+def stop_line(line: str, exit_code: int) -> int:
+    """Print the line a script stops with on stderr and return `exit_code`. Under torchrun the
+    line is also this worker's error file ($TORCHELASTIC_ERROR_FILE, the one-string form torch's
+    ProcessFailure reads), so that the launcher can end a failed run with it."""
+    print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        try:
+            record = {"message": line, "timestamp": int(time.time())}
+            Path(error_file).write_text(json.dumps(record))
+        except OSError:  # the line is on stderr; the launcher then ends with its own summary
+            pass
+    return exit_code
 
 
 def model_not_found(err: OSError, option: str, name: str) -> None:

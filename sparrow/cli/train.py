@@ -21,7 +21,14 @@ import logging
 import os
 import sys
 
-from sparrow.cli.errors import UserError, causes, model_not_found, one_line, run_main
+from sparrow.cli.errors import (
+    UserError,
+    causes,
+    model_not_found,
+    one_line,
+    run_main,
+    stop_line,
+)
 from sparrow.train.interruption import (
     STARTUP_ADVICE,
     Interrupted,
@@ -59,8 +66,7 @@ def _train(argv: list[str] | None) -> int:
             return 0
         cfg = load_config(argv)
     except ConfigError as err:
-        print(f"sparrow-train: config error: {err}", file=sys.stderr)
-        return 2
+        return stop_line(f"sparrow-train: config error: {err}", 2)
 
     from sparrow.train.run_lock import RunDirBusy, RunDirLock
 
@@ -129,14 +135,12 @@ def _run_or_lost_rank(cfg, pinned: frozenset[str]) -> int:
             raise
         ignore_stop_signals()
         rank = f"rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')}"
-        print(
+        return stop_line(
             f"sparrow-train: {rank} stops: another rank was lost (a collective failed: "
             f"{one_line(lost)[:160]}); run the same command again on every rank: resume=auto "
             f"continues from the newest complete checkpoint in {cfg.run_dir}/checkpoints",
-            file=sys.stderr,
-            flush=True,
+            LOST_RANK_EXIT,
         )
-        return LOST_RANK_EXIT
 
 
 def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
@@ -169,11 +173,9 @@ def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
     except ResumeMismatch as err:
         raise UserError(one_line(err)) from err
     except (NonFiniteStreak, NonFiniteWeights) as err:
-        print(f"sparrow-train: stopped: {one_line(err)}", file=sys.stderr)
-        return 3
+        return stop_line(f"sparrow-train: stopped: {one_line(err)}", 3)
     except StopRequested as stop:
-        print(f"sparrow-train: {stop}", file=sys.stderr)
-        return stop.exit_code
+        return stop_line(f"sparrow-train: {stop}", stop.exit_code)
     return 0
 
 
