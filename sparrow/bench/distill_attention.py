@@ -15,7 +15,11 @@ high-water mark above the idle process. On a CPU that is the peak RSS
 (`resource.getrusage().ru_maxrss`); on CUDA (where everything is built, `--device`) the peak of
 allocated GPU memory.
 Time: both paths in one process at --time-length, alternating, --repeats runs each after one
-warm-up each; medians in seconds. Prints a table and writes JSON.
+warm-up each; medians in seconds. Prints a table and writes JSON: `memory` (a row per path and
+T), `growth` (per path, step_mib at the longest T over the shortest: ~T / T_min for O(T), its
+square for O(T^2)), `gather_over_masked` (per T) and `time`. A path that fails keeps its row
+with the error, goes into `problems`, and the bench exits with 1; a masked row skipped by
+--masked-max-length is marked `skipped`.
 """
 
 import argparse
@@ -180,20 +184,24 @@ def main(argv: list[str] | None = None) -> int:
     for seq_len in args.lengths:
         for path in PATHS:
             if path == "masked" and seq_len > args.masked_max_length:
-                row = {"path": path, "seq_len": seq_len, "error": "skipped (--masked-max-length)"}
+                row = {"path": path, "seq_len": seq_len, "skipped": "--masked-max-length"}
             else:
                 row = _memory_in_subprocess(
                     path, seq_len, args.budget_tokens, args.device, args.timeout
                 )
             memory.append(row)
-            if "error" in row:
-                print(f"{path:>7} {seq_len:>6} {row['error']}")
+            if "step_mib" not in row:
+                print(f"{path:>7} {seq_len:>6} {row.get('error') or 'skipped: ' + row['skipped']}")
             else:
                 print(
                     f"{path:>7} {seq_len:>6} {row['idle_mib']:>8.0f} {row['peak_mib']:>8.0f} "
                     f"{row['step_mib']:>8.0f} {row['step_s']:>7.2f}"
                 )
-    result = {"device": str(args.device), "memory": memory, "time": None}
+    result = {"device": str(args.device), "memory": memory, **memory_ratios(memory), "time": None}
+    for path, growth in result["growth"].items():
+        print(f"{path}: step memory x{growth} from T = {min(args.lengths)} to {max(args.lengths)}")
+    for seq_len, ratio in result["gather_over_masked"].items():
+        print(f"T = {seq_len}: gather / masked step memory = {ratio}")
     if args.time_length:
         timing = measure_time(args.time_length, args.budget_tokens, args.repeats, args.device)
         result["time"] = timing
@@ -201,10 +209,33 @@ def main(argv: list[str] | None = None) -> int:
         for path in PATHS:
             print(f"{path:>7} {timing['median_s'][path]:>8.3f}  runs {timing['seconds'][path]}")
         print(f"masked / gather = {timing['masked_over_gather']}")
+    result["problems"] = [
+        f"{row['path']} at T = {row['seq_len']}: {row['error']}" for row in memory if "error" in row
+    ]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    for line in result["problems"]:
+        print(f"sparrow-bench distill-attention: {line}", file=sys.stderr)
+    return 1 if result["problems"] else 0
+
+
+def memory_ratios(memory: list[dict]) -> dict:
+    """`growth`: per path, step_mib at its longest measured T over its shortest; and
+    `gather_over_masked`: per T where both ran, gather's step_mib over masked's."""
+    step = {(r["path"], r["seq_len"]): r["step_mib"] for r in memory if "step_mib" in r}
+
+    def ratio(num: float, den: float) -> float | None:  # None: no growth to compare against
+        return round(num / den, 2) if den > 0 else None
+
+    growth = {}
+    for path in PATHS:
+        lengths = sorted(t for p, t in step if p == path)
+        if len(lengths) > 1:
+            growth[path] = ratio(step[path, lengths[-1]], step[path, lengths[0]])
+    both = sorted(t for p, t in step if p == "gather" and ("masked", t) in step)
+    over = {str(t): ratio(step["gather", t], step["masked", t]) for t in both}
+    return {"growth": growth, "gather_over_masked": over}
 
 
 if __name__ == "__main__":

@@ -25,12 +25,12 @@ REFERENCE_ATTENTION_NAME = "sparrow_block_sparse_masked_reference"
 def page_scores(q: Tensor, keys: Tensor, attn: SparseAttentionConfig) -> Tensor:
     """Score of every page for every query, per KV head, as the engine computes it.
 
-    q: (B, H_q, T, D) post-RoPE queries; keys: (B, H_kv, T, D) post-RoPE keys.
-    Returns (B, T, H_kv, NP) fp32 with NP = ceil(T / PAGE); entries for pages not wholly before
-    the query are meaningless (`select_from_scores` never takes them as candidates).
+    q: (B, H_q, T_q, D) post-RoPE queries of the last T_q positions; keys: (B, H_kv, T, D)
+    post-RoPE keys. Returns (B, T_q, H_kv, NP) fp32 with NP = ceil(T / PAGE); entries for pages
+    not wholly before the query are meaningless (`select_from_scores` never takes them).
     """
-    batch, num_q_heads, seq_len, head_dim = q.shape
-    num_kv_heads = keys.shape[1]
+    batch, num_q_heads, num_queries, head_dim = q.shape
+    num_kv_heads, seq_len = keys.shape[1], keys.shape[2]
     group = num_q_heads // num_kv_heads
     ps = attn.page_size
     num_pages = -(-seq_len // ps)
@@ -45,67 +45,72 @@ def page_scores(q: Tensor, keys: Tensor, attn: SparseAttentionConfig) -> Tensor:
     def per_head(table: Tensor) -> Tensor:  # (B, H_kv, 1, D, NP)
         return table.view(batch, num_pages, num_kv_heads, head_dim).permute(0, 2, 3, 1)[:, :, None]
 
-    q_groups = q.float().reshape(batch, num_kv_heads, group, seq_len, head_dim)  # (B,H_kv,G,T,D)
-    if attn.score == "centroid":
-        q_mean = q_groups.mean(dim=2, keepdim=True)  # (B, H_kv, 1, T, D)
-        scores = torch.matmul(q_mean, per_head(summary.k_mean)).squeeze(2)  # (B, H_kv, T, NP)
+    q_groups = q.float().reshape(batch, num_kv_heads, group, num_queries, head_dim)
+    if attn.score == "centroid":  # q_groups: (B, H_kv, G, T_q, D)
+        q_mean = q_groups.mean(dim=2, keepdim=True)  # (B, H_kv, 1, T_q, D)
+        scores = torch.matmul(q_mean, per_head(summary.k_mean)).squeeze(2)  # (B, H_kv, T_q, NP)
     elif attn.score == "quest":
-        bound = torch.matmul(q_groups.clamp(min=0), per_head(summary.k_max))  # (B, H_kv, G, T, NP)
+        bound = torch.matmul(q_groups.clamp(min=0), per_head(summary.k_max))  # (B,H_kv,G,T_q,NP)
         bound += torch.matmul(q_groups.clamp(max=0), per_head(summary.k_min))
-        scores = bound.amax(dim=2)  # (B, H_kv, T, NP)
+        scores = bound.amax(dim=2)  # (B, H_kv, T_q, NP)
     else:
         raise ValueError(f"score must be 'quest' or 'centroid', got {attn.score!r}")
-    return scores.transpose(1, 2)  # (B, T, H_kv, NP)
+    return scores.transpose(1, 2)  # (B, T_q, H_kv, NP)
 
 
 @torch.no_grad()
 def selected_key_mask(q: Tensor, keys: Tensor, meta: SparseForwardMetadata) -> Tensor:
     """Keys each (sequence, KV head, query) may attend to in a sparse layer.
 
-    q: (B, H_q, T, D); keys: (B, H_kv, T, D). Returns (B, H_kv, T, T) bool, causal.
+    q: (B, H_q, T_q, D) the queries of the last T_q positions (the first T - T_q are a cached
+    prefix, keys only, as in `hf_attention`); keys: (B, H_kv, T, D); meta.query_budgets: (B, T).
+    Returns (B, H_kv, T_q, T) bool, causal.
     """
     attn = meta.attn
     batch, num_kv_heads, seq_len, _ = keys.shape
-    scores = page_scores(q, keys, attn)  # (B, T, H_kv, NP)
+    num_queries = q.shape[2]
+    scores = page_scores(q, keys, attn)  # (B, T_q, H_kv, NP)
     num_pages = scores.shape[-1]
-    positions = torch.arange(seq_len, device=q.device)  # (T,)
+    keys_at = torch.arange(seq_len, device=q.device)  # (T,)
+    queries_at = keys_at[seq_len - num_queries :]  # (T_q,)
     selected = select_from_scores(
-        scores.reshape(batch * seq_len, num_kv_heads, num_pages),
-        (positions + 1).repeat(batch),  # (B * T,) tokens in the cache, the query's own included
-        meta.query_budgets.reshape(-1),  # (B * T,)
+        scores.reshape(batch * num_queries, num_kv_heads, num_pages),
+        (queries_at + 1).repeat(batch),  # (B * T_q,) tokens in the cache, the query's own too
+        meta.query_budgets[:, seq_len - num_queries :].reshape(-1),  # (B * T_q,)
         page_size=attn.page_size,
         num_sink=attn.num_sink,
         num_recent=attn.num_recent,
     )
-    slots = selected.logical_pages.long()  # (B * T, H_kv, S)
+    slots = selected.logical_pages.long()  # (B * T_q, H_kv, S)
     in_use = torch.arange(slots.shape[-1], device=q.device) < selected.num_selected[:, None, None]
     # Padding slots go to an extra column that is dropped.
     chosen = torch.zeros(
-        batch * seq_len, num_kv_heads, num_pages + 1, dtype=torch.bool, device=q.device
+        batch * num_queries, num_kv_heads, num_pages + 1, dtype=torch.bool, device=q.device
     )
     chosen.scatter_(2, torch.where(in_use, slots, num_pages), True)
-    chosen = chosen[..., :num_pages].view(batch, seq_len, num_kv_heads, num_pages)
-    key_page = positions // attn.page_size  # (T,)
-    keep = chosen.transpose(1, 2)[..., key_page]  # (B, H_kv, T, T)
-    return keep & (positions[None, :] <= positions[:, None])
+    chosen = chosen[..., :num_pages].view(batch, num_queries, num_kv_heads, num_pages)
+    key_page = keys_at // attn.page_size  # (T,)
+    keep = chosen.transpose(1, 2)[..., key_page]  # (B, H_kv, T_q, T)
+    return keep & (keys_at[None, :] <= queries_at[:, None])
 
 
 def masked_sparse_attention(
     query: Tensor, key: Tensor, value: Tensor, scaling: float, meta: SparseForwardMetadata
 ) -> Tensor:
-    """One sparse layer by mask: query (B, H_q, T, D), key/value (B, H_kv, T, D) ->
-    (B, H_q, T, D) fp32; GQA without repeating K/V (the group's query heads stacked as rows)."""
-    batch, num_q_heads, seq_len, head_dim = query.shape
-    num_kv_heads = key.shape[1]
+    """One sparse layer by mask: query (B, H_q, T_q, D) of the last T_q positions, key/value
+    (B, H_kv, T, D) -> (B, H_q, T_q, D) fp32; GQA without repeating K/V (the group's query heads
+    stacked as rows)."""
+    batch, num_q_heads, num_queries, head_dim = query.shape
+    num_kv_heads, seq_len = key.shape[1], key.shape[2]
     group = num_q_heads // num_kv_heads
-    keep = selected_key_mask(query, key, meta)  # (B, H_kv, T, T)
-    rows = keep[:, :, None].expand(batch, num_kv_heads, group, seq_len, seq_len)
-    rows = rows.reshape(batch, num_kv_heads, group * seq_len, seq_len)  # (B, H_kv, G*T, T)
-    q_rows = query.float().reshape(batch, num_kv_heads, group * seq_len, head_dim)
+    keep = selected_key_mask(query, key, meta)  # (B, H_kv, T_q, T)
+    rows = keep[:, :, None].expand(batch, num_kv_heads, group, num_queries, seq_len)
+    rows = rows.reshape(batch, num_kv_heads, group * num_queries, seq_len)  # (B,H_kv,G*T_q,T)
+    q_rows = query.float().reshape(batch, num_kv_heads, group * num_queries, head_dim)
     out = F.scaled_dot_product_attention(
         q_rows, key.float(), value.float(), attn_mask=rows, scale=scaling
-    )  # (B, H_kv, G*T, D)
-    return out.view(batch, num_q_heads, seq_len, head_dim)
+    )  # (B, H_kv, G*T_q, D)
+    return out.view(batch, num_q_heads, num_queries, head_dim)
 
 
 masked_block_sparse_attention = hf_attention(REFERENCE_ATTENTION_NAME, masked_sparse_attention)

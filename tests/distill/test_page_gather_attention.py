@@ -51,6 +51,28 @@ def test_outputs_and_gradients_match_the_masked_path(score, group):
             assert (got - want).abs().max() < TOLERANCE, (chunk, name)
 
 
+@pytest.mark.parametrize("offset", [1, 13, 44])
+def test_queries_after_a_cached_prefix_match_in_both_paths(offset):
+    """DistillSparse's shared prefix gives the layer only the last T - offset queries, keys for
+    all T: both paths then return those queries' rows of the full forward (the masked one once
+    crashed on them, so `sparrow-bench distill-attention` lost its reference arm)."""
+    (q, k, v), budgets = _inputs(2)
+    attn = SparseAttentionConfig(page_size=4)
+    meta = SparseForwardMetadata(attn, budgets)
+    full = masked_sparse_attention(q, k, v, 0.3, meta)  # (B, H_q, T, D)
+    tail = q[:, :, offset:]  # (B, H_q, T - offset, D)
+    masked = masked_sparse_attention(tail, k, v, 0.3, meta)
+    gathered = page_gather_attention(tail, k, v, budgets, attn, 0.3, 7)
+    assert masked.shape == gathered.shape == tail.shape
+    assert (masked - full[:, :, offset:]).abs().max() < TOLERANCE
+    assert (gathered - masked).abs().max() < TOLERANCE
+    grad_out = torch.randn_like(masked)
+    want = torch.autograd.grad(masked, (q, k, v), grad_out)
+    got = torch.autograd.grad(gathered, (q, k, v), grad_out)
+    for name, g, w in zip("qkv", got, want, strict=True):
+        assert (g - w).abs().max() < TOLERANCE, name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [1, 3])
 def test_cuda_matches_the_cpu_masked_path(group):
