@@ -87,15 +87,14 @@ def hf_attention(name: str, sparse_layer: Callable) -> Callable:
         if sparrow_sparse is None:
             raise ValueError(f"the {name!r} attention needs the sparrow_sparse= argument")
         if module.layer_idx in sparrow_sparse.attn.dense_layers:
-            num_queries, num_keys = query.shape[2], key.shape[2]
-            causal = None  # square: SDPA's own causal mask
-            if num_queries < num_keys:  # queries after a cached prefix: (T_q, T) key <= query
-                positions = torch.arange(num_keys, device=query.device)
-                causal = positions <= positions[num_keys - num_queries :, None]
+            # Queries after a cached prefix: zero query rows in front of them make the problem
+            # square, so SDPA's own causal mask applies and no (T_q, T) mask is built and kept
+            # for backward (O(T^2) memory); a prefix row costs its triangle, S^2 / 2 in all.
+            prefix_len = key.shape[2] - query.shape[2]
+            q = F.pad(query.float(), (0, 0, prefix_len, 0))  # (B, H_q, T, D)
             out = F.scaled_dot_product_attention(
-                query.float(), key.float(), value.float(), attn_mask=causal,
-                is_causal=causal is None, scale=scaling, enable_gqa=True,
-            )  # fmt: skip
+                q, key.float(), value.float(), is_causal=True, scale=scaling, enable_gqa=True
+            )[:, :, prefix_len:]  # (B, H_q, T_q, D)
         else:
             out = sparse_layer(query, key, value, scaling, sparrow_sparse)  # (B, H_q, T, D)
         return out.transpose(1, 2).to(query.dtype).contiguous(), None  # (B, T, H_q, D)
