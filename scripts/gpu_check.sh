@@ -1,148 +1,226 @@
 #!/usr/bin/env bash
-# The GPU check, offline, in stages that each fit one 10-minute allocation (estimates below):
+# The GPU check, offline, in stages; each stage fits one device call with room to rerun it: its
+# worst case (set-up plus every part's cap and kill grace) is at most 420 s, stated below and
+# summed by tests/test_gpu_check_script.py.
 #
-#   bash scripts/gpu_check.sh kernels   # the headline decode step, gpu-marked tests, benchmarks
+#   bash scripts/gpu_check.sh kernels   # the headline: every kernel variant compiled, then
+#                                       # sparrow-bench decode-step (32K context, 2K budget)
+#   bash scripts/gpu_check.sh rest      # gpu-marked kernel and engine tests, decode bench,
+#                                       # kernel bench (what does not fit beside the headline)
 #   bash scripts/gpu_check.sh step      # GRPO step bench, sparse vs dense, random Qwen3-1.7B
-#   bash scripts/gpu_check.sh distill   # the same bench with distill=default: one DistillSparse
-#                                       # update (its time and the step's peak GPU memory)
+#   bash scripts/gpu_check.sh distill   # the same with distill=default
+#
+# Before the call, on the machine that has the repo: `bash scripts/gpu_wheels.sh` (or
+# `bash scripts/gpu_wheels.sh --stamp` when the wheels are there already) writes $WHEELS/COMMIT,
+# the commit the tree is at; carry the wheel folder. The device has no .git: every result is
+# stamped from that file, never from git.
 #
 # On a stock PyTorch image (torch + triton + transformers, no network) the packages it lacks come
-# from the folder scripts/gpu_wheels.sh filled (WHEELS, default ./wheels): installed with
-# --no-index --no-deps into DEPS_DIR, which goes on PYTHONPATH. The image's torch and triton are
-# never touched. Each stage writes under $OUT (else ./gpu_results), as it goes: <stage>.json
-# (versions, and each part's exit status and seconds), one log per part, and the benchmarks'
-# own JSON. Exit status is non-zero if a part failed.
+# from the wheel folder (WHEELS, default ./wheels), installed with --no-index --no-deps into
+# DEPS_DIR, which goes on PYTHONPATH (the rest, step and distill stages; the kernels stage
+# imports none of them). The image's torch and triton are never touched.
 #
-# Time per stage on one H200, estimated (no GPU was at hand to measure) from component timings:
-# kernels: its parts are bounded by their timeouts (below, 540 s in all), so the stage ends inside
-# 9 minutes: first the headline (sparrow-bench decode-step: Qwen3-1.7B, 32K context, 2K-token
-# budget, batch 16 and 64, sparse vs dense, graphs on and off; its JSON also lands in
-# $OUT/docs/gpu/ for the repo), then the kernel tests, the engine's graph tests, the decode bench
-# (launches per layer) and the kernel bench. The AOT report is left to CI (the same Triton 3.6
-# compile runs on a CPU: tests/kernels/test_aot_compile.py).
-# step: wheels install < 0.5 min; per run (sparse, then dense) a 1.7B random model and trainer
-# ~0.5-1 min, a 640-token warm-up step and one step of 2 prompts x 8 x STEP_NEW_TOKENS (8192:
-# about half the 160-250 s sparse / 120-170 s dense measured-by-estimate for 16K) = 5-7 min; a
-# second size (STEP_SECOND_TOKENS, 4096) only if STAGE_BUDGET_S (450) leaves room for it.
-# distill: the step stage's first run with DistillSparse on (STEP_DISTILL_TOKENS, 8192): the
-# step plus the adapter's sparse forward/backward over the rollout, ~1.5x the sparse step.
+# What comes back: the device returns at most 8 files, so a stage writes two under $OUT (else
+# ./gpu_results): <stage>.json, one bundle (commit stamp, versions, and per part its cap, its
+# expected H200 time, exit status, seconds and the JSON it wrote), and <stage>.log, every part's
+# output. `bash scripts/gpu_results.sh DIR` files a returned bundle into docs/gpu/. Exit status
+# is non-zero if a part failed.
+#
+# Worst case per stage, seconds: set-up (each cap + KILL_GRACE_S) + every part's cap +
+# KILL_GRACE_S + FINISH_S:
+#   kernels  probe (30 + 5) + compile (150 + 5) + decode_step (150 + 5) + 5              = 350
+#   rest     install (60 + 5) + probe (30 + 5) + gpu_tests (120 + 5)
+#            + engine_gpu_tests (80 + 5) + decode_bench (50 + 5) + kernel_bench (45 + 5) + 5 = 420
+#   step, distill  STAGE_BUDGET_S = 415: the parts' caps are what is left of it ($SECONDS
+#                  counts the set-up), less 10 s
+# WORST_CASE_S below says the same; tests/test_gpu_check_script.py recomputes it from the lines.
+# Expected H200 times (the third number of each `part` line) are estimates, no GPU having run
+# this yet, from counts: process start (import torch + transformers, CUDA init) ~15 s; a Triton
+# compile ~1-5 s a variant (timed here with `triton.compile` for sm_90 on a loaded 2-core CPU:
+# decode split 4.8 s, page score 1.4 s, merge 0.9 s; an upper bound for one core of the H200's
+# host), times the variants a part meets (decode-step ~14: 8 kernels, bf16, split and unsplit,
+# sparse and dense; counted on the interpreter at the CPU shape: 11 keys); steps at their bytes
+# over ~4.3 TB/s (the dense batch-64 step reads ~240 GB of K/V: ~56 ms; sparse ~31 GB: ~8 ms)
+# plus ~5-10 ms of host launches per eager step; ~1 s per profiler session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE="${1:-}"
 case "$STAGE" in
-    kernels|step|distill) ;;
-    *) echo "usage: bash scripts/gpu_check.sh {kernels|step|distill}" >&2; exit 2 ;;
+    kernels|rest|step|distill) ;;
+    *) echo "usage: bash scripts/gpu_check.sh {kernels|rest|step|distill}" >&2; exit 2 ;;
 esac
 RESULTS="${OUT:-./gpu_results}"
 mkdir -p "$RESULTS"
 PY="${PYTHON:-python3}"
 WHEELS="${WHEELS:-wheels}"
 DEPS="${DEPS_DIR:-/tmp/sparrow-deps}"
-SUMMARY="$RESULTS/$STAGE.json"
+BUNDLE="$RESULTS/$STAGE.json"
+LOG="$RESULTS/$STAGE.log"
+WORK="$(mktemp -d)"  # the parts' own JSON, folded into the bundle: not under $OUT
+trap 'rm -rf "$WORK"' EXIT
+KILL_GRACE_S=5  # a part's SIGKILL comes 3 s after its SIGTERM; 2 s for the bundle update
+INSTALL_CAP_S=60
+PROBE_CAP_S=30
+FINISH_S=5  # the bundle's last update
+declare -A WORST_CASE_S=([kernels]=350 [rest]=420 [step]=415 [distill]=415)
 unset TRITON_INTERPRET  # compiled kernels only
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# One Triton cache for the stage: the compile part fills it, later parts (new processes) load.
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/sparrow-triton-cache}"
+: >"$LOG"
 
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    timeout 60 "$PY" -m pip install -q --no-index --no-deps --target "$DEPS" "$WHEELS"/*.whl \
-        2>&1 | tail -3
-else
-    echo "no wheels in $WHEELS (bash scripts/gpu_wheels.sh fills it): using what is installed"
+if [ "$STAGE" != kernels ]; then
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        timeout -k 3 "$INSTALL_CAP_S" "$PY" -m pip install -q --no-index --no-deps \
+            --target "$DEPS" "$WHEELS"/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+    else
+        echo "no wheels in $WHEELS (bash scripts/gpu_wheels.sh fills it): using what is" \
+            "installed" | tee -a "$LOG"
+    fi
 fi
 export PYTHONPATH="$PWD:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 
-# <stage>.json: the versions this ran with, then each part as it finishes.
-"$PY" - "$SUMMARY" "$STAGE" <<'PYEOF'
-import importlib, json, subprocess, sys
-path, stage = sys.argv[1:]
+# The bundle: the commit stamp and the versions (from package metadata: nothing is imported but
+# torch, for the device's name), then each part as it finishes.
+timeout -k 3 "$PROBE_CAP_S" "$PY" - "$BUNDLE" "$STAGE" "$WHEELS/COMMIT" "${WORST_CASE_S[$STAGE]}" \
+    <<'PYEOF' 2>&1 | tee -a "$LOG"
+import json, sys, time
+from importlib.metadata import PackageNotFoundError, version
+path, stage, stamp_path, worst_case = sys.argv[1:]
+try:
+    stamp = json.load(open(stamp_path))
+except (OSError, ValueError) as e:
+    stamp = {"commit": None, "error": f"no commit stamp ({type(e).__name__}: {e}): run "
+             "scripts/gpu_wheels.sh --stamp before the call and carry the wheel folder"}
 versions = {"python": sys.version.split()[0]}
-from importlib.metadata import version
-for module, dist in [("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
-                     ("deepspeed", "deepspeed"), ("hydra", "hydra-core"),
-                     ("omegaconf", "omegaconf"), ("math_verify", "math-verify"),
-                     ("gguf", "gguf"), ("wandb", "wandb")]:
+for dist in ("torch", "triton", "transformers", "deepspeed", "hydra-core", "omegaconf",
+             "math-verify", "gguf", "wandb"):
     try:
-        importlib.import_module(module)
         versions[dist] = version(dist)
-    except Exception as e:  # reported, not fatal: a later part will say what it needs
-        versions[dist] = f"missing ({type(e).__name__}: {e})"
+    except PackageNotFoundError:
+        versions[dist] = "missing"
 try:
     import torch
     versions["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-except Exception:
-    pass
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-json.dump({"stage": stage, "commit": commit.strip(), "versions": versions, "parts": []},
-          open(path, "w"), indent=1)
-print(json.dumps(versions))
+except Exception as e:  # reported, not fatal: a part will say what it needs
+    versions["device"] = f"unknown ({type(e).__name__}: {e})"
+bundle = {"stage": stage, "commit": stamp.get("commit"), "stamp": stamp, "versions": versions,
+          "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+          "worst_case_s": int(worst_case), "parts": []}
+json.dump(bundle, open(path, "w"), indent=1)
+print(json.dumps({"commit": bundle["commit"], **versions}))
 PYEOF
 
 status=0
-# part NAME TIMEOUT_S CMD...: run, log to $RESULTS/NAME.log, append its result to the summary.
+# part NAME CAP_S EXPECTED_S CMD...: run CMD (its JSON, if any, at $WORK/NAME.json; a pytest
+# run's JUnit XML at $WORK/NAME.xml) under a timeout of CAP_S, its output appended to the log;
+# then its result goes into the bundle.
 part() {
-    local name="$1" limit="$2"
-    shift 2
-    echo "== $name (timeout ${limit}s)"
+    local name="$1" cap="$2" expected="$3"
+    shift 3
+    echo "== $name (cap ${cap}s, expected ~${expected}s on an H200)" | tee -a "$LOG"
     local start=$SECONDS
-    timeout "$limit" "$@" 2>&1 | tee "$RESULTS/$name.log"
+    timeout -k 3 "$cap" "$@" 2>&1 | tee -a "$LOG"
     local rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || status=1
-    "$PY" -c "import json, sys; p = sys.argv[1]; s = json.load(open(p)); \
-s['parts'].append({'name': sys.argv[2], 'rc': int(sys.argv[3]), 'seconds': int(sys.argv[4])}); \
-json.dump(s, open(p, 'w'), indent=1)" "$SUMMARY" "$name" "$rc" "$((SECONDS - start))"
+    "$PY" - "$BUNDLE" "$name" "$rc" "$((SECONDS - start))" "$cap" "$expected" \
+        "$WORK/$name" <<'PYEOF'
+import json, sys
+import xml.etree.ElementTree as ET
+path, name, rc, seconds, cap, expected, result = sys.argv[1:]
+bundle = json.load(open(path))
+try:
+    data = json.load(open(result + ".json"))
+except (OSError, ValueError):
+    data = None
+try:  # pytest's JUnit XML: the counts and the failed cases
+    suite = ET.parse(result + ".xml").getroot().iter("testsuite").__next__()
+    data = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    data["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
+                      if c.find("failure") is not None or c.find("error") is not None]
+except (OSError, ET.ParseError, StopIteration):
+    pass
+bundle["parts"].append({"name": name, "rc": int(rc), "seconds": int(seconds), "cap_s": int(cap),
+                        "expected_s": int(expected), "result": data})
+json.dump(bundle, open(path, "w"), indent=1)
+PYEOF
 }
 
-if [ "$STAGE" = kernels ]; then
-    # Part timeouts sum to 540 s (decode_step 180 + gpu_tests 150 + engine_gpu_tests 90 +
-    # decode_bench 60 + kernel_bench 60): the stage fits one call with a minute to spare.
-    part decode_step 180 "$PY" -m sparrow.bench.cli decode-step --json "$RESULTS/decode_step.json"
-    if [ -f "$RESULTS/decode_step.json" ]; then
-        mkdir -p "$RESULTS/docs/gpu"
-        cp "$RESULTS/decode_step.json" \
-            "$RESULTS/docs/gpu/decode_step_$(git rev-parse --short HEAD 2>/dev/null || echo local).json"
-    fi
-    part gpu_tests 150 "$PY" -m pytest tests/kernels/test_gpu_kernels.py -m gpu -q -rs \
-        -p no:cacheprovider
-    # The engine's CUDA-graph replay against eager, every batch bucket; the trainer's host-side
-    # reductions under NCCL.
-    part engine_gpu_tests 90 "$PY" -m pytest tests/rollout/test_cuda_graphs_gpu.py \
+finish() {
+    "$PY" -c "import json, sys, time; p = sys.argv[1]; b = json.load(open(p)); \
+b['finished_at'] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()); \
+b['seconds'] = int(sys.argv[2]); b['status'] = int(sys.argv[3]); json.dump(b, open(p, 'w'), indent=1)" \
+        "$BUNDLE" "$SECONDS" "$status"
+    echo "gpu_check $STAGE: exit status $status (results in $RESULTS)" | tee -a "$LOG"
+    exit $status
+}
+
+case "$STAGE" in
+kernels)
+    # compile: every Triton variant and CUDA-graph shape the headline meets, timed: the same
+    # run's warm-up steps (every step of a batch has one page-table width, so they meet all of
+    # it), no timed step; later parts load the variants from Triton's cache (TRITON_CACHE_DIR).
+    # 15 s start + ~5 s weights and K/V + ~14 variants x ~2.5 s + 24 steps and 4 captures ~3 s.
+    part compile 150 60 "$PY" -m sparrow.bench.cli decode-step --compile-only \
+        --json "$WORK/compile.json"
+    # decode_step: the headline (Qwen3-1.7B, 32K context, 2K-token budget, batch 16 and 64,
+    # sparse vs dense, graphs on and off; the profiling pass after every timed configuration):
+    # 15 s start + ~5 s weights and K/V + 184 steps ~6 s + 4 captures ~2 s + 8 profiler sessions
+    # ~10 s + cache loads.
+    part decode_step 150 45 "$PY" -m sparrow.bench.cli decode-step --json "$WORK/decode_step.json"
+    ;;
+rest)
+    # gpu_tests: the kernels against the reference at awkward shapes: 50 cases, ~35 variants
+    # compiled at ~2 s (most of the time) + 15 s start.
+    part gpu_tests 120 90 "$PY" -m pytest tests/kernels/test_gpu_kernels.py -m gpu -q -rs \
+        -p no:cacheprovider --junitxml="$WORK/gpu_tests.xml"
+    # engine_gpu_tests: CUDA-graph replay against eager at every batch bucket; the trainer's
+    # host-side reductions under NCCL: a tiny model's ~10 variants and a few captures, two
+    # NCCL ranks started (~15 s).
+    part engine_gpu_tests 80 60 "$PY" -m pytest tests/rollout/test_cuda_graphs_gpu.py \
         tests/rollout/test_engine_gpu.py tests/train/test_host_collectives.py -m gpu -q -rs \
-        -p no:cacheprovider
-    part decode_bench 60 "$PY" -m sparrow.bench.cli decode --json "$RESULTS/decode_bench.json"
-    part kernel_bench 60 "$PY" -m sparrow.bench.cli kernel --sweep \
-        --json "$RESULTS/kernel_bench.json"
-else
-    BUDGET="${STAGE_BUDGET_S:-450}"
+        -p no:cacheprovider --junitxml="$WORK/engine_gpu_tests.xml"
+    # decode_bench: launches per layer, torch and Triton x fp32 and bf16 (~12 variants).
+    part decode_bench 50 40 "$PY" -m sparrow.bench.cli decode --json "$WORK/decode_bench.json"
+    # kernel_bench: the tile sweep (~8 variants) at the benchmark's default shape.
+    part kernel_bench 45 35 "$PY" -m sparrow.bench.cli kernel --sweep \
+        --json "$WORK/kernel_bench.json"
+    ;;
+step|distill)
+    # The parts take what is left of STAGE_BUDGET_S (set-up included: $SECONDS counts from the
+    # start), less 10 s, so the stage ends inside it.
+    BUDGET="${STAGE_BUDGET_S:-415}"
     PROMPTS="${STEP_PROMPTS:-2}"
     GROUP="${STEP_GROUP:-8}"
-    run_step() {  # run_step NAME NEW_TOKENS TIMEOUT_S [extra overrides...]
-        local name="$1" tokens="$2" limit="$3"
+    run_step() {  # run_step NAME NEW_TOKENS EXPECTED_S [extra overrides...]
+        local name="$1" tokens="$2" expected="$3"
         shift 3
         # KV pool: every sequence at full length at once (short prompts), plus slack.
         local pages=$(( PROMPTS * GROUP * (tokens / 16 + 8) + 256 ))
         # The warm-up runs past 512 tokens (the first bin's budget), so the sparse decode path
         # is compiled before the measured step.
-        part "$name" "$limit" "$PY" -m sparrow.bench.cli step --warmup --warmup-tokens 640 \
-            --random-model "${STEP_MODEL:-qwen3-1.7b}" --json "$RESULTS/$name.json" \
-            preset="${STEP_PRESET:-qwen3_1p7b_gpu}" data=arithmetic data.tasks.num_examples=64 \
-            data.tasks.num_heldout=8 rollout.progress=false rollout.max_new_tokens="$tokens" \
-            rollout.engine.num_pages="$pages" rl.prompts_per_step="$PROMPTS" \
-            rl.group_size="$GROUP" "$@"
+        part "$name" $(( BUDGET - SECONDS - 10 )) "$expected" "$PY" -m sparrow.bench.cli step \
+            --warmup --warmup-tokens 640 --random-model "${STEP_MODEL:-qwen3-1.7b}" \
+            --json "$WORK/$name.json" preset="${STEP_PRESET:-qwen3_1p7b_gpu}" data=arithmetic \
+            data.tasks.num_examples=64 data.tasks.num_heldout=8 rollout.progress=false \
+            rollout.max_new_tokens="$tokens" rollout.engine.num_pages="$pages" \
+            rl.prompts_per_step="$PROMPTS" rl.group_size="$GROUP" "$@"
     }
     if [ "$STAGE" = distill ]; then
-        # The largest length we expect to fit next to the KV pool; lower it if the run OOMs.
-        run_step distill_bench "${STEP_DISTILL_TOKENS:-8192}" $(( BUDGET - SECONDS - 10 )) \
-            distill=default
-        echo "gpu_check $STAGE: exit status $status (results in $RESULTS)"
-        exit $status
+        # The step plus the adapter's sparse forward/backward over the rollout, ~1.5x the step.
+        run_step distill_bench "${STEP_DISTILL_TOKENS:-8192}" 380 distill=default
+        finish
     fi
-    run_step step_bench "${STEP_NEW_TOKENS:-8192}" $(( BUDGET - SECONDS - 10 ))
+    # A 1.7B random model and trainer ~0.5-1 min, the 640-token warm-up and one step of
+    # 2 prompts x 8 x 8192 tokens: 5-6 min.
+    run_step step_bench "${STEP_NEW_TOKENS:-8192}" 330
     SECOND="${STEP_SECOND_TOKENS:-4096}"
     LEFT=$(( BUDGET - SECONDS - 10 ))
     if [ "$SECOND" -gt 0 ] && [ "$LEFT" -ge 150 ]; then
-        run_step "step_bench_$SECOND" "$SECOND" "$LEFT"
+        run_step "step_bench_$SECOND" "$SECOND" 150
     else
-        echo "no time left for a second size (${LEFT}s of STAGE_BUDGET_S=$BUDGET)"
+        echo "no time left for a second size (${LEFT}s of STAGE_BUDGET_S=$BUDGET)" | tee -a "$LOG"
     fi
-fi
-echo "gpu_check $STAGE: exit status $status (results in $RESULTS)"
-exit $status
+    ;;
+esac
+finish

@@ -8,6 +8,12 @@
 #
 #   bash scripts/gpu_wheels.sh                         # Python 3.12, manylinux x86-64 -> wheels/
 #   bash scripts/gpu_wheels.sh --python-version 3.11 --dest /tmp/wheels311   # e.g. for CI here
+#   bash scripts/gpu_wheels.sh --stamp                 # only (re)write wheels/COMMIT
+#
+# Either way it writes $DEST/COMMIT (JSON: the commit the tree is at, whether tracked files
+# differ from it, when): the device gets no .git, so scripts/gpu_check.sh stamps its results
+# from this file. Run it (--stamp is enough) right before each device call that carries the
+# folder.
 #
 # Left out on purpose: datasets (pulls pyarrow + pandas, > 60 MiB; only data=hf_dataset reads
 # it, not the GPU check's arithmetic tasks).
@@ -15,15 +21,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYV=3.12
 DEST=wheels
+STAMP_ONLY=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --python-version) PYV="$2"; shift 2 ;;
         --dest) DEST="$2"; shift 2 ;;
-        *) echo "usage: $0 [--python-version X.Y] [--dest DIR]" >&2; exit 2 ;;
+        --stamp) STAMP_ONLY=1; shift ;;
+        *) echo "usage: $0 [--python-version X.Y] [--dest DIR] [--stamp]" >&2; exit 2 ;;
     esac
 done
 PY="${PYTHON:-python3}"
 mkdir -p "$DEST"
+
+# The commit stamp: what gpu_check.sh names its results by.
+COMMIT="$(git rev-parse HEAD)"
+DIRTY=false
+[ -z "$(git status --porcelain --untracked-files=no)" ] || DIRTY=true
+printf '{"commit": "%s", "dirty": %s, "stamped_at": "%s"}\n' "$COMMIT" "$DIRTY" \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$DEST/COMMIT"
+echo "stamped $DEST/COMMIT: $(cat "$DEST/COMMIT")"
+[ "$STAMP_ONLY" = 0 ] || exit 0
 
 # The versions CI runs with. Binary or pure-Python wheels on PyPI:
 WHEELS=(

@@ -9,6 +9,7 @@ for this interpreter's Python version. SPARROW_TEST_WHEELS names an already fetc
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,39 @@ def test_tiny_step_runs_to_its_json(deps, tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {"sparse", "dense", "rollout_speedup", "step_speedup"} <= report.keys()
+
+
+def test_kernels_stage_on_the_cpu_returns_a_stamped_bundle_that_gpu_results_files(tmp_path):
+    """The kernels stage on this CPU, in a copy of the tree without .git, on an image without
+    the wheel folder's packages (the stage needs none): at most 4 files come back (the device
+    returns 8), the bundle names the commit from the carried COMMIT stamp, and
+    scripts/gpu_results.sh files it into a copy of docs/gpu with its table."""
+    tree, out, docs = tmp_path / "tree", tmp_path / "out", tmp_path / "docs"
+    for folder in ("sparrow", "scripts"):
+        shutil.copytree(ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "docs/gpu", docs)
+    stamp = ["bash", str(ROOT / "scripts/gpu_wheels.sh"), "--stamp", "--dest", str(tree / "wheels")]
+    subprocess.run(stamp, check=True, capture_output=True, timeout=60)
+    commit = json.loads((tree / "wheels/COMMIT").read_text())["commit"]
+    env = _image(tmp_path / "no-deps", tmp_path, with_deps=False)
+    env |= {
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT / "tests/simulated_image"),
+    }
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "kernels"], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (tree / ".git").exists()
+    files = sorted(p.name for p in out.rglob("*") if p.is_file())
+    assert files == ["kernels.json", "kernels.log"], files  # <= 4
+    bundle = json.loads((out / "kernels.json").read_text())
+    assert bundle["commit"] == commit and bundle["worst_case_s"] <= 420
+    assert [(p["name"], p["rc"]) for p in bundle["parts"]] == [("compile", 0), ("decode_step", 0)]
+    assert bundle["parts"][1]["result"]["runs"]  # the bench's own JSON, inside the bundle
+    script = [str(ROOT / "scripts/gpu_results.sh"), str(out), "--docs", str(docs)]
+    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=60)
+    assert (docs / f"kernels_{commit[:12]}.json").exists()
+    readme = (docs / "README.md").read_text()
+    assert f"| kernels | {commit[:12]}" in readme and "| 2/2 |" in readme
+    assert f"| {commit[:12]} | 4 | off |" in readme  # the decode-step row (CPU shape: batch 4)
