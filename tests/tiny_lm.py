@@ -10,20 +10,33 @@ from sparrow.models.loading import tiny_model_config
 VOCAB = 300
 
 
-def tiny_causal_lm(family: str = "qwen3", seed: int = 0) -> torch.nn.Module:
+def tiny_causal_lm(
+    family: str = "qwen3", seed: int = 0, tied: bool | None = None
+) -> torch.nn.Module:
     """The tiny config with 2 layers and 300 ids, no padding row and RoPE base 1e4 (the model the
-    actor tests' tolerances were measured on); the llama flavour ties its embeddings."""
+    actor tests' tolerances were measured on); every family but qwen3 ties its embeddings unless
+    `tied` says otherwise. Biases (Qwen2's q/k/v) are random, not HF's zeros."""
     config = tiny_model_config(
         family,
         vocab_size=VOCAB,
         num_hidden_layers=2,
         max_position_embeddings=256,
-        tie_word_embeddings=family != "qwen3",
+        tie_word_embeddings=family != "qwen3" if tied is None else tied,
         pad_token_id=None,
         rope_theta=10_000.0,
     )
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config).eval()
+    return random_biases(AutoModelForCausalLM.from_config(config).eval())
+
+
+def random_biases(model: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:
+    """Draw every bias (HF initialises them to 0, where dropping one would go unseen) from the
+    global generator; a bias-free model is left as it is, its random stream untouched."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(std=std)
+    return model
 
 
 def rl_batch(num_seqs: int, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
@@ -86,7 +99,7 @@ def pg_loss_fn(global_tokens: int):
 def random_model(config: transformers.PretrainedConfig, seed: int = 0):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return transformers.AutoModelForCausalLM.from_config(config).eval()
+        return random_biases(transformers.AutoModelForCausalLM.from_config(config).eval())
 
 
 def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:

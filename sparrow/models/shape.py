@@ -1,6 +1,7 @@
-"""The decoder's shape, read once from a Hugging Face Llama/Qwen3-style config: the engine sizes
-its weights and KV cache from it, the cost model prices a decode step with it, the actor's memory
-plan sizes activations with it, and the benches describe the models they time.
+"""The decoder's shape, read once from a Hugging Face config of a family in families.py: the engine
+sizes its weights and KV cache from it, the cost model prices a decode step with it, the memory
+plan counts parameters and the actor's activations with it, and the benches describe the models
+they time.
 
     shape = ModelShape.from_hf_config(model.config)
 
@@ -9,6 +10,8 @@ attribute names works (the benches pass hand-made ones).
 """
 
 from dataclasses import dataclass
+
+from sparrow.models.families import FAMILIES, attention_biases
 
 
 @dataclass(frozen=True)
@@ -22,12 +25,15 @@ class ModelShape:
     vocab_size: int  # embedding and LM-head rows
     rms_eps: float = 1e-6  # RMSNorm epsilon
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
-    attention_bias: bool = False  # biases on the q/k/v and o projections
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; attention_bias)
+    o_bias: bool = False  # a bias on the output projection (attention_bias)
     tied_embeddings: bool = False  # the LM head is the embedding matrix
 
     @classmethod
     def from_hf_config(cls, config) -> "ModelShape":
         heads = config.num_attention_heads
+        qkv_bias, o_bias = attention_biases(config)
+        family = FAMILIES.get(getattr(config, "model_type", None))
         return cls(
             num_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size,
@@ -37,8 +43,9 @@ class ModelShape:
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             vocab_size=config.vocab_size,
             rms_eps=getattr(config, "rms_norm_eps", 1e-6),
-            qk_norm=getattr(config, "model_type", None) == "qwen3",
-            attention_bias=bool(getattr(config, "attention_bias", False)),
+            qk_norm=family is not None and family.qk_norm,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
             tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         )
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sparrow.models.families import check_family
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.model_runner import ModelRunner
@@ -93,6 +94,15 @@ class SamplingParams:
 class LLMEngine:
     def __init__(self, model, tokenizer, cfg: EngineConfig, schedule: Schedule | None = None):
         self.cfg = cfg
+        # A sequence holds at most the pool's tokens and the model's positions: a sliding window
+        # (Mistral) at least that long never cuts what sparrow's full attention reads.
+        positions = getattr(model.config, "max_position_embeddings", None)
+        pool_tokens = cfg.num_pages * cfg.page_size
+        check_family(
+            model.config,
+            context_tokens=min(pool_tokens, positions or pool_tokens),
+            context_from="rollout.engine.num_pages x page_size, at most max_position_embeddings",
+        )
         self.tokenizer = tokenizer
         attn = SparseAttentionConfig(
             page_size=cfg.page_size,

@@ -1,9 +1,11 @@
-"""Sparrow's forward pass for the Llama and Qwen3 families, on weights copied from an HF model.
+"""Sparrow's forward pass for the families of sparrow.models.families (Llama, Mistral, Qwen2,
+Qwen3), on weights copied from an HF model.
 
-RMSNorm, RoPE (rope.py), GQA attention with Qwen3's per-head q/k RMSNorm, SwiGLU MLP, tied or
-separate LM head. Single-device and batch-flat: prefill takes the concatenated tokens of several
-prompts (N, hidden) and runs dense causal attention per prompt; decode takes one token per
-sequence (B, hidden) and attends through the paged KV cache (paged_attention.py). The q/k/v and
+RMSNorm, RoPE (rope.py), GQA attention with Qwen3's per-head q/k RMSNorm and the q/k/v (Qwen2)
+and o biases a config has, SwiGLU MLP, tied or separate LM head. Single-device and batch-flat:
+prefill takes the concatenated tokens of several prompts (N, hidden) and runs dense causal
+attention per prompt; decode takes one token per sequence (B, hidden) and attends through the
+paged KV cache (paged_attention.py). The q/k/v and
 gate/up projections are fused into one matrix each (fewer, larger matmuls). Weights are the
 engine's own copy, so `load_state_dict` can refresh them in place from any HF-named state dict
 (the trainer's, or base + merged LoRA) without touching the KV cache. An unmerged LoRA
@@ -18,13 +20,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sparrow.kernels import add_rms_norm, qk_norm_rope, silu_mul
+from sparrow.models.families import check_family
 from sparrow.models.shape import ModelShape
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras
 from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
 from sparrow.rollout.rope import Rope, apply_rope, rope_from_config
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
 # Prefixes that wrappers put in front of HF parameter names (PEFT, DDP).
 _NAME_PREFIXES = ("base_model.model.", "module.")
 
@@ -38,26 +40,14 @@ def hf_weight_name(raw_name: str) -> str | None:
     return None if name.endswith("rotary_emb.inv_freq") else name
 
 
-def check_supported(config) -> None:
-    """Refuse an HF config this forward pass does not implement, in one line."""
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model_type {config.model_type!r} not supported; expected {SUPPORTED_MODEL_TYPES}"
-        )
-    if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
-        raise ValueError("only bias-free SwiGLU MLPs (hidden_act='silu') are supported")
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError("sliding-window attention is not supported")
-
-
 @dataclass
 class LayerWeights:
     input_norm: Tensor  # (hidden,)
     qkv: Tensor  # ((H_q + 2 H_kv) D, hidden): q, k, v projections stacked
-    qkv_bias: Tensor | None  # ((H_q + 2 H_kv) D,) when attention_bias
+    qkv_bias: Tensor | None  # ((H_q + 2 H_kv) D,) when the family has q/k/v biases
     qk_norm: Tensor | None  # (H_q + H_kv, D) Qwen3 only: q_norm per query head, then k_norm
     o: Tensor  # (hidden, H_q D)
-    o_bias: Tensor | None  # (hidden,) when attention_bias
+    o_bias: Tensor | None  # (hidden,) when it has an o bias
     post_norm: Tensor  # (hidden,)
     gate_up: Tensor  # (2 I, hidden): gate and up projections stacked
     down: Tensor  # (hidden, I)
@@ -84,8 +74,9 @@ class DecoderModel:
         triton_kernels: bool | None = None,
     ):
         """`triton_kernels`: run the fused Triton kernels below (the runner passes whether its
-        attention backend runs Triton; None: on CUDA)."""
-        check_supported(config)
+        attention backend runs Triton; None: on CUDA). A config of a family sparrow does not run
+        is refused in one line (LLMEngine also checks a sliding window against its context)."""
+        check_family(config)
         s = self.shape = ModelShape.from_hf_config(config)
         self.linear = linear or Linear("torch", batch_hint=1)
         self.rope: Rope = rope_from_config(config, s.head_dim)
@@ -111,10 +102,10 @@ class DecoderModel:
             LayerWeights(
                 input_norm=new(s.hidden_size),
                 qkv=new(qkv_rows, s.hidden_size),
-                qkv_bias=new(qkv_rows) if s.attention_bias else None,
+                qkv_bias=new(qkv_rows) if s.qkv_bias else None,
                 qk_norm=new(s.num_q_heads + s.num_kv_heads, s.head_dim) if s.qk_norm else None,
                 o=new(s.hidden_size, s.num_q_heads * s.head_dim),
-                o_bias=new(s.hidden_size) if s.attention_bias else None,
+                o_bias=new(s.hidden_size) if s.o_bias else None,
                 post_norm=new(s.hidden_size),
                 gate_up=new(2 * s.intermediate_size, s.hidden_size),
                 down=new(s.hidden_size, s.intermediate_size),

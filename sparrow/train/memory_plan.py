@@ -102,12 +102,11 @@ class MemoryPlan:
 
 
 def parameter_count(shape: ModelShape) -> int:
-    """Weights of a Llama/Qwen3 decoder: embedding (and an untied LM head), attention, gated MLP,
-    norms (Qwen3's per-head q/k norms included)."""
+    """Weights of a decoder of sparrow.models.families: embedding (and an untied LM head),
+    attention (with its q/k/v and o biases), gated MLP, norms (Qwen3's per-head q/k norms too)."""
     h, q_dim = shape.hidden_size, shape.num_q_heads * shape.head_dim
     attention = h * q_dim + 2 * h * shape.kv_dim + q_dim * h
-    if shape.attention_bias:
-        attention += q_dim + 2 * shape.kv_dim + h
+    attention += (q_dim + 2 * shape.kv_dim) * shape.qkv_bias + h * shape.o_bias
     layer = attention + 3 * h * shape.intermediate_size + 2 * h
     if shape.qk_norm:
         layer += 2 * shape.head_dim

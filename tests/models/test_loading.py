@@ -6,7 +6,15 @@ import torch
 from sparrow.models.loading import ModelConfig, load_model, smollm2_gguf_path
 
 
-@pytest.mark.parametrize("name, arch", [("tiny-qwen3", "Qwen3"), ("tiny-llama", "Llama")])
+@pytest.mark.parametrize(
+    "name, arch",
+    [
+        ("tiny-qwen3", "Qwen3"),
+        ("tiny-llama", "Llama"),
+        ("tiny-qwen2", "Qwen2"),
+        ("tiny-mistral", "Mistral"),
+    ],
+)
 def test_tiny_presets_load_and_run(name, arch):
     lm = load_model(ModelConfig(name))
     assert type(lm.model).__name__ == f"{arch}ForCausalLM"

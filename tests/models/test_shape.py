@@ -17,7 +17,7 @@ def test_shape_from_hf_config():
     )
     s = ModelShape.from_hf_config(hf)
     assert (s.head_dim, s.num_kv_heads, s.kv_dim, s.num_layers) == (64, 3, 192, 30)
-    assert not (s.qk_norm or s.tied_embeddings or s.attention_bias)
+    assert not (s.qk_norm or s.tied_embeddings or s.qkv_bias or s.o_bias)
     del hf.num_key_value_heads  # multi-head attention: as many KV heads as query heads
     assert ModelShape.from_hf_config(hf).num_kv_heads == 9
 
