@@ -415,6 +415,8 @@ def aot_signature(kernel: str, dtype: str, constexprs: dict) -> dict[str, str]:
             "out_ptr": f"*{dtype}",
             "num_splits": "i32",
         }
+    # One split: the output is final (q's dtype), and the launcher passes it as the unread
+    # lse_ptr too.
     out = "*fp32" if constexprs["SPLIT_OUT"] else f"*{dtype}"
     types = {name: "i32" for name in _decode_split_kernel.arg_names if name.startswith("stride")}
     types |= {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}"}
@@ -422,5 +424,5 @@ def aot_signature(kernel: str, dtype: str, constexprs: dict) -> dict[str, str]:
         name: "*i32"
         for name in ("page_table_ptr", "seq_lens_ptr", "sel_ptr", "sel_phys_ptr", "num_sel_ptr")
     }
-    types |= {"o_ptr": out, "lse_ptr": "*fp32", "scale_log2": "fp32", "num_splits": "i32"}
+    types |= {"o_ptr": out, "lse_ptr": out, "scale_log2": "fp32", "num_splits": "i32"}
     return types
