@@ -38,8 +38,11 @@
 # this yet, from counts: process start (import torch + transformers, CUDA init) ~15 s; a Triton
 # compile ~1-5 s a variant (timed here with `triton.compile` for sm_90 on a loaded 2-core CPU:
 # decode split 4.8 s, page score 1.4 s, merge 0.9 s; an upper bound for one core of the H200's
-# host), times the variants a part meets (decode-step ~14: 8 kernels, bf16, split and unsplit,
-# sparse and dense; counted on the interpreter at the CPU shape: 11 keys); steps at their bytes
+# host), times the variants a part meets (decode-step ~16: the 13 that the rehearsal's record of
+# the real launchers shows at batch 16 and 64 (tests/rehearsal/test_launcher_rehearsal.py:
+# 8 kernels, the split kernel split at batch 16 and not at 64, write_kv with and without
+# summaries, both norms) and the split kernel's occupancy probes; the interpreter counts 11 at
+# the CPU shape, fp32); steps at their bytes
 # over ~4.3 TB/s (the dense batch-64 step reads ~240 GB of K/V: ~56 ms; sparse ~31 GB: ~8 ms)
 # plus ~5-10 ms of host launches per eager step; ~1 s per profiler session.
 set -uo pipefail

@@ -40,7 +40,7 @@ import json
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -84,6 +84,7 @@ class Bench:
     kernel_modules: list  # the Triton kernels' modules when the engine launches them, else []
     budget_pages: int = 0  # sparse rows' budget
     next_seq_id: int = 0
+    jit_seen: set = field(default_factory=set)  # interpreter: specialisations met (CompileWatch)
 
 
 def build(args: argparse.Namespace) -> Bench:
@@ -180,7 +181,8 @@ def measure(bench: Bench, args, seqs: list[Sequence], bm: BlockManager, sparse: 
     runner = bench.engine.runner
     timer = StepTimer(bench.device)
     step = _stepper(bench, seqs, bm, sparse)
-    with eager_unless(runner, graphs), CompileWatch(bench.kernel_modules) as watch:
+    watch = CompileWatch(bench.kernel_modules, bench.jit_seen)
+    with eager_unless(runner, graphs), watch:
         replayed = runner.graphs.num_replayed if runner.graphs is not None else 0
         captured = runner.graphs.num_captured if runner.graphs is not None else 0
         advance(step, seqs, bm, max(1, args.warmup))
@@ -198,8 +200,8 @@ def measure(bench: Bench, args, seqs: list[Sequence], bm: BlockManager, sparse: 
     return result | {
         "graph_replays": graph_counts[0],
         "graph_captures": graph_counts[1],
-        "jit_compiles_warmup": warm,
-        "jit_compiles_timed": compiled_timed,
+        "jit_compiles_warmup": warm if watch.counting else None,
+        "jit_compiles_timed": compiled_timed if watch.counting else None,
         "context_tokens_at_end": max(s.num_tokens for s in seqs),
         "kernel_ms": None,  # the profiling pass fills these
         "device_events_per_step": 0.0,
@@ -372,24 +374,23 @@ def compile_only(args) -> int:
     bench = build(args)
     report = {"bench": "decode-step", "compile_only": True, "batches": args.batches,
               "graphs": args.graphs, "runs": [], "errors": []}  # fmt: skip
-    with CompileWatch(bench.kernel_modules) as watch:
-        for batch in args.batches:
-            try:
-                report["runs"] += run(bench, args, batch, timed=False)
-            except Exception as err:
-                print(f"batch {batch} failed: {traceback.format_exc(limit=-3)}", flush=True)
-                report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
+    for batch in args.batches:
+        try:
+            report["runs"] += run(bench, args, batch, timed=False)
+        except Exception as err:
+            print(f"batch {batch} failed: {traceback.format_exc(limit=-3)}", flush=True)
+            report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
     graphs = bench.engine.runner.graphs
+    counts = [r[arm]["jit_compiles_warmup"] for r in report["runs"] for arm in ("sparse", "dense")]
     report |= {
-        "jit_compiles": watch.count,
-        "jit_compiles_by_kernel": dict(watch.by_kernel),
+        "jit_compiles": None if None in counts else sum(counts),
         "graph_captures": graphs.num_captured if graphs is not None else 0,
         "seconds": round(time.perf_counter() - start, 1),
     }
     _write(args.json, report)
     print(
-        f"decode-step --compile-only: {watch.count} Triton compiles, {report['graph_captures']} "
-        f"graph captures, {report['seconds']} s",
+        f"decode-step --compile-only: {report['jit_compiles']} Triton compiles, "
+        f"{report['graph_captures']} graph captures, {report['seconds']} s",
         flush=True,
     )
     for e in report["errors"]:

@@ -23,11 +23,14 @@ from sparrow.bench.dispatch_counter import wrap_triton_runs
 
 
 class CompileWatch:
-    def __init__(self, modules: list[types.ModuleType]):
+    def __init__(self, modules: list[types.ModuleType], seen: set | None = None):
+        """`seen`: the interpreter's keys met so far, shared by the watches of one process run
+        (a compiled JIT caches a variant for the whole process)."""
         self.modules = modules
         self.count = 0  # compiles (or new specialisation keys) since entry
         self.by_kernel = Counter()  # kernel name -> compiles
-        self._keys: set[tuple] = set()
+        self.counting = False  # whether compiles can be counted here (a Triton that says)
+        self._keys: set[tuple] = set() if seen is None else seen
 
     def __enter__(self):
         kernels = [k for m in self.modules for k in vars(m).values() if _is_kernel(k)]
@@ -35,12 +38,15 @@ class CompileWatch:
         if any(type(k).__name__ == "InterpretedFunction" for k in kernels):
             self._wrap = wrap_triton_runs(self.modules, self._keyed)
             self._wrap.__enter__()
+            self.counting = True
         elif kernels:  # compiled Triton (no modules: nothing launches Triton, nothing to watch)
             from triton import knobs
 
-            self._knobs = knobs.runtime
-            self._previous = knobs.runtime.jit_post_compile_hook
-            knobs.runtime.jit_post_compile_hook = self._hook
+            if hasattr(knobs.runtime, "jit_post_compile_hook"):
+                self._knobs = knobs.runtime
+                self._previous = knobs.runtime.jit_post_compile_hook
+                knobs.runtime.jit_post_compile_hook = self._hook
+                self.counting = True
         return self
 
     def __exit__(self, *exc):
