@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import transformers
+from tiny_lm import random_biases
 
 from sparrow.models.loading import tiny_model_config
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
@@ -29,7 +30,7 @@ def make_rollout(tokenizer, family: str, score: str = "quest", seed: int = 0) ->
     config.initializer_range = 0.2
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        model = random_biases(transformers.AutoModelForCausalLM.from_config(config).eval())
     cfg = EngineConfig(page_size=4, num_pages=512, score=score, dense_layers=(0,), seed=seed)
     engine = LLMEngine(model, tokenizer, cfg, schedule=lambda context: BUDGET_PAGES)
     g = torch.Generator().manual_seed(seed)

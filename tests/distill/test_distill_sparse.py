@@ -36,7 +36,14 @@ def _advantages(batch):
 
 
 @pytest.mark.parametrize(
-    "family,score", [("llama", "quest"), ("qwen3", "quest"), ("llama", "centroid")]
+    "family,score",
+    [
+        ("llama", "quest"),
+        ("qwen3", "quest"),
+        ("qwen2", "quest"),
+        ("mistral", "quest"),
+        ("llama", "centroid"),
+    ],
 )
 def test_training_forward_matches_engine_sparse_decode(tokenizer, family, score):
     rollout = make_rollout(tokenizer, family, score)

@@ -77,6 +77,8 @@ def _policy_logprobs(distill, batch) -> torch.Tensor:
     [
         ("llama", "all-linear"),
         ("qwen3", "all-linear"),
+        ("qwen2", "all-linear"),  # q/k/v biases stay in the base weights, not the adapter
+        ("mistral", "all-linear"),
         ("qwen3", ["q_proj", "v_proj", "down_proj"]),  # rank-0 blocks in the fused q/k/v, gate/up
     ],
 )

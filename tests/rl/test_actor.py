@@ -21,20 +21,23 @@ def reference_logprobs(model, input_ids, attention_mask, temperature=1.0):
     return torch.cat([zero, logprobs], dim=1)  # (B, T, V)
 
 
-def make_actor(family="qwen3", **overrides):
+def make_actor(family="qwen3", tied=None, **overrides):
     defaults = {"zero_stage": 2, "lr": 1e-3, "micro_batch_size": 3, "precision": "fp32"}
-    return DenseActor(tiny_causal_lm(family), ActorConfig(**{**defaults, **overrides}))
+    return DenseActor(tiny_causal_lm(family, tied=tied), ActorConfig(**{**defaults, **overrides}))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize(
+    "family, tied",
+    [("qwen3", None), ("llama", None), ("qwen2", True), ("qwen2", False), ("mistral", None)],
+)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_compute_logprobs_matches_full_logits(family, temperature):
-    actor = make_actor(family, logprob_chunk_tokens=7)
+def test_compute_logprobs_matches_full_logits(family, tied, temperature):
+    actor = make_actor(family, tied, logprob_chunk_tokens=7)
     batch = rl_batch(5, 12, seed=1)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     out = actor.compute_logprobs(ids, mask, topk=4, temperature=temperature)
 
-    ref = reference_logprobs(tiny_causal_lm(family), ids, mask, temperature)  # (B, T, V)
+    ref = reference_logprobs(tiny_causal_lm(family, tied=tied), ids, mask, temperature)
     scored = mask.clone()
     scored[:, 0] = False
     ref_tok = ref.gather(-1, ids[..., None]).squeeze(-1)  # (B, T)

@@ -38,7 +38,7 @@ def logprobs(actor: DenseActor, batch: dict, temperature: float = 1.0):
     )
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("micro_batch_size", [4, 7])  # one group / both groups per micro-batch
 def test_shared_logprobs_equal_per_row(family, micro_batch_size):
     batch = group_batch(GROUPS, seed=1)
