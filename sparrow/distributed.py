@@ -132,6 +132,14 @@ class Ranks:
         if self.world > 1:
             dist.barrier()
 
+    def gather(self, value) -> list:
+        """Every rank's picklable `value`, in rank order (dynamic sampling's pooled groups)."""
+        if self.world == 1:
+            return [value]
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, value)
+        return everyone
+
     def gather_tokens(self, values: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """All ranks' (N,) per-token values and their (N,) positions, concatenated."""
         if self.world == 1:

@@ -5,7 +5,7 @@
     schedule_steering.py the controller's move, the engine's schedule, KV-read per step
     config.py          SparrowConfig: the dataclass tree conf/ is validated against
     step_report.py     rollout metrics, the plan line, the step and eval console lines
-    dynamic_sampling.py DAPO's rounds of prompts until the step holds its groups with signal
+    dynamic_sampling.py DAPO's rounds of prompts until the ranks hold the groups with signal
     phase_timer.py     wall time per phase; the phases tile the step
     evaluation.py      held-out accuracy with a Wilson interval, paired to the first evaluation
     checkpoint.py      atomic, verified checkpoints; keep-last-N; resume lookup

@@ -239,9 +239,10 @@ class GRPOTrainer(CheckpointedRun):
         with timer("update"):
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
-            update = self._policy_update(
-                rollout.batch, dense, token_advantages, num_tokens, overlong["masked"]
-            )
+            masked = overlong["masked"]
+            if sampled.padding is not None:  # dynamic sampling's padding rows: out of the loss
+                masked = sampled.padding if masked is None else masked | sampled.padding
+            update = self._policy_update(rollout.batch, dense, token_advantages, num_tokens, masked)
         with timer("distill"):
             # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
             # frozen base and for the engine; a frozen theta (rl.update_policy=false) is in both.

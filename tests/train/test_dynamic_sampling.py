@@ -5,18 +5,16 @@ then it says so."""
 
 import json
 import zlib
-from dataclasses import dataclass
-from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from fake_actor import FakeActor
+from scripted_rounds import G, collate, scripted_round, two_rank_worker
 
 from sparrow.cli.config_loader import load_config
 from sparrow.distributed import Ranks
-from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
-from sparrow.rollout.outputs import GenerateStats
-from sparrow.tasks.rewards import BatchScores, RewardResult, RewardStats
+from sparrow.tasks.rewards import RewardResult
 from sparrow.train.dynamic_sampling import (
     DynamicSamplingConfig,
     Round,
@@ -25,43 +23,12 @@ from sparrow.train.dynamic_sampling import (
 )
 from sparrow.train.trainer import GRPOTrainer
 
-G = 2  # samples per group in the scripted rounds
-
-
-@dataclass
-class _Output:  # the fields of the engine's GenerationOutput that merging touches
-    prompt_index: int
-    text: str
-
-
-def _round(tag: str, group_scores: list[list[float]]) -> Round:
-    """A scripted round: prompts `tag0, tag1, ...` with the given per-group scores; the last
-    prompt's group is a dense noise-floor group and every row keeps its logits."""
-    n = len(group_scores)
-    outputs = [_Output(p, f"{tag}{p}/{j}") for p in range(n) for j in range(G)]
-    floor = torch.tensor([p == n - 1 for p in range(n) for _ in range(G)])
-    plan = RolloutPlan(1, floor, [None if f else "sparse" for f in floor.tolist()], [True] * n * G)
-    stats = GenerateStats(num_preemptions=1, decode_s=1.0, decode_tokens=10)
-    scores = torch.tensor([s for group in group_scores for s in group])
-    extras = [{"row": f"{tag}{i // G}/{i % G}"} for i in range(n * G)]
-    reward_stats = RewardStats(calls=n * G)
-    prompts = [f"{tag}{p}" for p in range(n)]
-    return Round(
-        prompts, Rollout(outputs, None, plan, stats), BatchScores(scores, extras, reward_stats)
-    )
-
-
-def _collate(prompts, outputs, plan, stats) -> Rollout:
-    for o in outputs:  # every output must point at its own prompt among the picked ones
-        assert o.text.startswith(prompts[o.prompt_index] + "/")
-    return Rollout(outputs, "collated", plan, stats)
-
 
 def _sample(rounds: list[Round], cfg: DynamicSamplingConfig, share: int):
     script = iter(rounds)
     calls = []
     sampled = sample_step(
-        lambda: calls.append(1) or next(script), cfg, share, G, Ranks(0, 1), _collate
+        lambda: calls.append(1) or next(script), cfg, share, G, Ranks(0, 1), collate
     )
     return sampled, len(calls)
 
@@ -70,8 +37,33 @@ def test_group_signal():
     assert group_signal(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5]), 2) == [False, True, False]
 
 
+def _verl_dapo_keeps(rewards: list[float]) -> bool:
+    """verl 0.9.1's DAPO filter (v1/replay_buffer.py `_dapo_filtered_keys`; the dapo recipe's
+    `std > 0 or len == 1`): a group is evicted iff len > 1 and np.std(rewards) == 0."""
+    return not (len(rewards) > 1 and float(np.std(rewards)) == 0.0)
+
+
+def test_group_signal_against_verls_filter():
+    """Groups of one carry signal, as in verl; equal rewards do not, even where np.std rounds
+    them above 0 (three rewards of 0.1: 1.4e-17, verl keeps them; their advantages are 0 in
+    verl's float32 too, so the group would only take a place in the step)."""
+    cases = {
+        (0.0, 1.0, 1.0): True,
+        (1.0, 1.0, 1.0): False,
+        (0.5, 0.5 + 2**-20, 0.5): True,  # near-equal, distinct in float32
+        (0.1, 0.1, 0.1): False,  # sparrow's one departure
+    }
+    for rewards, ours in cases.items():
+        assert group_signal(torch.tensor(rewards), len(rewards)) == [ours], rewards
+        assert _verl_dapo_keeps(list(rewards)) == (ours or rewards == (0.1, 0.1, 0.1)), rewards
+    assert float(np.std([0.1, 0.1, 0.1])) == pytest.approx(1.39e-17, rel=0.01)
+    for score in (0.0, 1.0):  # groups of one
+        assert group_signal(torch.tensor([score, 1.0]), 1) == [True, True]
+        assert _verl_dapo_keeps([score])
+
+
 def test_off_is_one_round_trained_whole():
-    first = _round("a", [[0, 0], [1, 0]])
+    first = scripted_round("a", [[0, 0], [1, 0]])
     sampled, calls = _sample([first], DynamicSamplingConfig(enabled=False), share=2)
     assert calls == 1 and sampled.train is first and sampled.drawn is first
     assert sampled.metrics == {}
@@ -79,9 +71,9 @@ def test_off_is_one_round_trained_whole():
 
 def test_rounds_until_the_share_holds_signal_then_stop():
     rounds = [
-        _round("a", [[0, 0], [1, 0], [1, 1]]),  # one group with signal
-        _round("b", [[0, 1], [0, 0], [2, 1]]),  # two more: 3 >= share, stop here
-        _round("c", [[0, 1], [0, 1], [0, 1]]),  # never drawn
+        scripted_round("a", [[0, 0], [1, 0], [1, 1]]),  # one group with signal
+        scripted_round("b", [[0, 1], [0, 0], [2, 1]]),  # two more: 3 >= share, stop here
+        scripted_round("c", [[0, 1], [0, 1], [0, 1]]),  # never drawn
     ]
     cfg = DynamicSamplingConfig(enabled=True, max_rounds=5)
     sampled, calls = _sample(rounds, cfg, share=3)
@@ -118,7 +110,7 @@ def test_rounds_until_the_share_holds_signal_then_stop():
 
 def test_more_signal_than_needed_trains_on_the_share():
     sampled, calls = _sample(
-        [_round("a", [[0, 1], [1, 0], [2, 0]])], DynamicSamplingConfig(True), 2
+        [scripted_round("a", [[0, 1], [1, 0], [2, 0]])], DynamicSamplingConfig(True), 2
     )
     assert calls == 1 and sampled.train.prompts == ["a0", "a1"]
     assert sampled.metrics["sampling/groups_kept"] == 2.0
@@ -126,15 +118,15 @@ def test_more_signal_than_needed_trains_on_the_share():
 
 
 def test_round_limit_trains_on_what_was_kept_and_says_so():
-    rounds = [_round("a", [[0, 0], [1, 0]]), _round("b", [[1, 1], [0, 0]])]
+    rounds = [scripted_round("a", [[0, 0], [1, 0]]), scripted_round("b", [[1, 1], [0, 0]])]
     sampled, calls = _sample(rounds, DynamicSamplingConfig(True, max_rounds=2), share=2)
     assert calls == 2 and sampled.train.prompts == ["a1"]
     assert sampled.metrics["sampling/round_limit_hit"] == 1.0
     assert sampled.metrics["sampling/groups_kept"] == 1.0
 
 
-def test_a_step_without_any_signal_falls_back_to_its_last_round():
-    rounds = [_round("a", [[0, 0], [1, 1]]), _round("b", [[0, 0], [0, 0]])]
+def test_a_step_without_any_signal_falls_back_to_its_lastscripted_round():
+    rounds = [scripted_round("a", [[0, 0], [1, 1]]), scripted_round("b", [[0, 0], [0, 0]])]
     sampled, _ = _sample(rounds, DynamicSamplingConfig(True, max_rounds=2), share=2)
     assert sampled.train is rounds[1]  # zero advantages: the update is skipped downstream
     assert sampled.metrics["sampling/groups_kept"] == 0.0
@@ -219,47 +211,84 @@ def test_a_step_trains_on_its_share_of_signal_groups_unless_the_round_limit_hit(
     )
 
 
+def test_padding_rows_stay_out_of_the_loss(tmp_path):
+    """The trainer leaves the rows dynamic sampling marks as padding (a rank one group short)
+    out of the loss mask and of its token count. One rank never pads, so the test marks the
+    step's first group as padding itself."""
+    trainer = _trainer(tmp_path, 1, 3)
+    real_sample, real_loss = trainer._sample, trainer.policy_update.loss_fn
+    seen = {"masks": [], "counts": []}
+
+    def sample(timer):
+        sampled = real_sample(timer)
+        sampled.padding[: trainer.cfg.rl.group_size] = True
+        seen["batch"] = sampled.train.rollout.batch
+        return sampled
+
+    def loss_fn(*args, **kwargs):
+        seen["masks"].append(args[4])
+        seen["counts"].append(args[5])
+        return real_loss(*args, **kwargs)
+
+    trainer._sample, trainer.policy_update.loss_fn = sample, loss_fn
+    trainer.fit()
+    group = trainer.cfg.rl.group_size
+    completion = seen["batch"].completion_mask
+    assert completion[:group].any()  # the padding rows drew tokens...
+    mask = torch.cat(seen["masks"])
+    assert not mask[:group].any()  # ... that the loss never sees
+    assert torch.equal(mask[group:], completion[group:])
+    assert set(seen["counts"]) == {float(completion[group:].sum())}
+
+
 # ---- two ranks ----------------------------------------------------------------------------------
 
-RANK_SCRIPTS = {  # per rank, per round: each group's scores (share 2, up to 3 rounds)
-    0: [[[0, 1], [1, 0]], [[0, 0], [1, 0]], [[1, 0], [1, 0]]],  # its 2 groups in round 1
-    1: [[[0, 0], [0, 0]], [[1, 0], [0, 0]], [[0, 0], [0, 0]]],  # 1 group after 3 rounds
-}
 
-
-def _two_rank_worker(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    rounds = [_round(f"r{rank}x{i}-", scores) for i, scores in enumerate(RANK_SCRIPTS[rank])]
-    cfg = DynamicSamplingConfig(enabled=True, max_rounds=3)
-    script = iter(rounds)
-    drawn = []
-    sampled = sample_step(
-        lambda: drawn.append(1) or next(script), cfg, 2, G, Ranks(rank, 2), _collate
-    )
-    result = {"draws": len(drawn), "train": sampled.train.prompts, "metrics": sampled.metrics}
-    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-
-
-def test_two_ranks_run_the_same_rounds_and_train_as_many_groups(tmp_path):
-    """Rank 0 has its share after one round, rank 1 never does: both draw until the limit, and
-    both train on the one group rank 1 kept (equal micro-batches on every rank)."""
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[dict, dict]:
+    """Each rank's results of every case of scripted_rounds.TWO_RANK_CASES, from one spawn."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_two_rank_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert r0["draws"] == r1["draws"] == 3
-    assert r0["train"] == ["r0x0-0"] and r1["train"] == ["r1x1-0"]
+    out = tmp_path_factory.mktemp("two_ranks")
+    mp.spawn(two_rank_worker, args=(str(out / "init"), str(out)), nprocs=2)
+    return tuple(json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+
+
+def test_two_ranks_pool_their_signal_groups(two_ranks):
+    """Together the ranks hold 4 groups with signal after 2 rounds (rank 0 three, rank 1 one):
+    both stop there, and rank 0 hands its third (round 2's) to rank 1 instead of dropping it,
+    so that each trains 2 and all 4 are trained, as DAPO's pooled batch would. Before, both
+    drew until the limit (3 rounds) and trained 1 group each."""
+    r0, r1 = (rank["pooled"] for rank in two_ranks)
+    assert r0["draws"] == r1["draws"] == 2
+    assert r0["train"] == ["r0x0-0", "r0x0-1"] and r1["train"] == ["r1x1-0", "r0x1-1"]
+    assert r1["texts"] == ["r1x1-0/0", "r1x1-0/1", "r0x1-1/0", "r0x1-1/1"]
+    assert r1["scores"] == [1.0, 0.0, 1.0, 0.0]
+    assert r1["logit_rows"] == [True, True, False, False]  # its logits stayed on rank 0
+    assert r0["padding"] == r1["padding"] == [False] * 4
     assert (
         r0["metrics"]
         == r1["metrics"]
         == {
-            "sampling/groups_drawn": 12.0,
-            "sampling/groups_kept": 2.0,
-            "sampling/groups_dropped": 10.0,
-            "sampling/rounds": 3.0,
-            "sampling/round_limit_hit": 1.0,
+            "sampling/groups_drawn": 8.0,
+            "sampling/groups_kept": 4.0,
+            "sampling/groups_dropped": 4.0,
+            "sampling/rounds": 2.0,
+            "sampling/round_limit_hit": 0.0,
         }
     )
+
+
+def test_a_rank_that_draws_no_signal_trains_another_ranks_groups(two_ranks):
+    """Rank 1 never draws a group with signal; rank 0 draws three by the round limit. Before,
+    both trained the smallest count kept, 0 (the last round, all advantages 0): rank 0's three
+    groups were lost. Now rank 0 trains two, rank 1 the third, plus one of its own groups as
+    padding (out of the loss) so that both hold 2 groups."""
+    r0, r1 = (rank["one_rank_none"] for rank in two_ranks)
+    assert r0["draws"] == r1["draws"] == 2
+    assert r0["train"] == ["r0x0-0", "r0x1-0"]
+    assert r1["train"] == ["r0x1-1", "r1x0-0"]  # rank 0's group, then its own padding
+    assert r0["padding"] == [False] * 4 and r1["padding"] == [False, False, True, True]
+    assert r0["metrics"] == r1["metrics"]
+    assert r0["metrics"]["sampling/groups_kept"] == 3.0
+    assert r0["metrics"]["sampling/round_limit_hit"] == 1.0
