@@ -115,7 +115,7 @@ def build(args: argparse.Namespace) -> Bench:
 def final_pages(args: argparse.Namespace) -> int:
     """Pages of the longest row at a batch's last step (timed run or profiling pass): the
     plan's fixed page-table width for the batch."""
-    steps = len(args.graphs) * 2 * (args.warmup + args.iters + args.profile_steps) + 1
+    steps = len(args.graphs) * 2 * (max(1, args.warmup) + args.iters + args.profile_steps) + 1
     return -(-(args.context + steps) // args.page_size)
 
 
