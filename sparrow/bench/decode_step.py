@@ -193,9 +193,9 @@ def measure(bench: Bench, args, seqs: list[Sequence], bm: BlockManager, sparse: 
             times.append(ms)
             append(seqs, bm, tokens.tolist())
         compiled_timed = watch.count - warm
-    graph_counts = (0, 0) if runner.graphs is None else (
-        runner.graphs.num_replayed - replayed, runner.graphs.num_captured - captured
-    )  # fmt: skip
+        graph_counts = (0, 0) if runner.graphs is None else (
+            runner.graphs.num_replayed - replayed, runner.graphs.num_captured - captured
+        )  # fmt: skip
     result = summary(times) if times else {"steps_ms": []}
     return result | {
         "graph_replays": graph_counts[0],
