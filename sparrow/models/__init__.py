@@ -2,6 +2,8 @@
 
 loading.py      ModelConfig, HF and embedded SmolLM2 loading, the tiny debug configs and
                 tokenizer
+families.py     the model families sparrow runs (llama, mistral, qwen2, qwen3), what each needs
+                of a config, and the one-line refusal of the rest
 shape.py        ModelShape: the decoder's shape from an HF config (engine, cost model, actor
                 memory, benches)
 model_config.py a model's HF config without its weights (disk, HF cache, or hf_configs/ for
