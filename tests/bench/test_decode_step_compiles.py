@@ -12,6 +12,7 @@ specialisation (16 -> 17 pages: a stride stops being divisible by 16) and a grap
 (16 -> 20 pages) inside the timed steps, unless the bench fixes the width.
 """
 
+import json
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -116,3 +117,16 @@ def test_without_a_fixed_width_timed_steps_capture_and_compile(events, monkeypat
     assert events.count("capture") > 2
     if backend == TRITON:
         assert sum(r["jit_compiles_timed"] for _, _, r in configurations(report)) > 0, report
+
+
+def test_compile_only_runs_every_configuration_s_warm_up_and_nothing_timed(tmp_path):
+    """The GPU check's first part: the same configurations' warm-up, no timed or profiled step."""
+    path = tmp_path / "compile.json"
+    assert decode_step.main([*ARGS, *TORCH, "--compile-only", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["compile_only"] and report["errors"] == []
+    ((graphs, arm_runs),) = [(r["graphs"], r) for r in report["runs"]]
+    assert graphs is False
+    for arm in ("sparse", "dense"):
+        assert arm_runs[arm]["steps_ms"] == [] and arm_runs[arm]["host_share"] is None
+    assert report["jit_compiles"] is None  # no Triton here: nothing to count
