@@ -16,4 +16,5 @@ step.py              step: one GRPO step with sparse and with dense rollouts
 distill_attention.py DistillSparse's training-time attention: memory and time
 cuda_splits.py       the split-KV count a GPU would choose, and its merge launch
 dispatch_counter.py  what torch code launches and where it syncs, without a GPU
+jit_compiles.py      Triton JIT compiles counted, so a bench shows none in a timed step
 """

@@ -20,6 +20,7 @@ from collections import Counter
 import torch
 
 from sparrow.bench.dispatch_counter import wrap_triton_runs
+from sparrow.kernels.compile_hook import MISSING, set_post_compile_hook
 
 
 class CompileWatch:
@@ -34,26 +35,23 @@ class CompileWatch:
 
     def __enter__(self):
         kernels = [k for m in self.modules for k in vars(m).values() if _is_kernel(k)]
-        self._wrap = self._knobs = None
+        self._wrap, self._hooked = None, False
         if any(type(k).__name__ == "InterpretedFunction" for k in kernels):
             self._wrap = wrap_triton_runs(self.modules, self._keyed)
             self._wrap.__enter__()
             self.counting = True
         elif kernels:  # compiled Triton (no modules: nothing launches Triton, nothing to watch)
-            from triton import knobs
-
-            if hasattr(knobs.runtime, "jit_post_compile_hook"):
-                self._knobs = knobs.runtime
-                self._previous = knobs.runtime.jit_post_compile_hook
-                knobs.runtime.jit_post_compile_hook = self._hook
+            previous = set_post_compile_hook(self._hook)
+            if previous is not MISSING:
+                self._hooked, self._previous = True, previous
                 self.counting = True
         return self
 
     def __exit__(self, *exc):
         if self._wrap is not None:
             return self._wrap.__exit__(*exc)
-        if self._knobs is not None:
-            self._knobs.jit_post_compile_hook = self._previous
+        if self._hooked:
+            set_post_compile_hook(self._previous)
         return False
 
     def _hook(self, *args, **kwargs):

@@ -15,8 +15,9 @@ decode_torch.py (the torch reference and CPU path), decode_cpu.py + decode_cpu.c
 CPU kernel), reference.py (float64 loop references), checks.py (argument checks), launch_checks.py
 (each Triton launcher's shape/dtype/device rules, shared with the ops' fakes), ops.py (the
 torch ops over the Triton kernels), the Triton kernels decode_triton.py, score_triton.py,
-select_triton.py, kv_write_triton.py, norm_rope_triton.py and swiglu_triton.py, and aot.py
-(ahead-of-time compilation for Hopper).
+select_triton.py, kv_write_triton.py, norm_rope_triton.py and swiglu_triton.py, aot.py
+(ahead-of-time compilation for Hopper) and compile_hook.py (Triton's post-compile hook, for a
+benchmark that counts compiles).
 """
 
 import torch
