@@ -9,10 +9,10 @@ heads of 16 dims, LoRA rank 16 on every linear layer); one rollout row of T toke
 prompt and T - 64 completion tokens, every one decoded with the same budget (--budget-tokens,
 pages of 16). One measurement is one `DistillSparse.step` (sparse forward, backward, AdamW).
 
-Memory: each (path, T) runs in its own subprocess, which reports its peak memory after building
-the model and batch, and again after the update; `step_mib` is the difference, the update's own
-high-water mark above the idle process. On a CPU that is the peak RSS
-(`resource.getrusage().ru_maxrss`); on CUDA (where everything is built, `--device`) the peak of
+Memory: each (path, T) runs in its own subprocess, which builds the model and batch, resets the
+peak, and reports it before and after the update; `step_mib` is the difference, the update's own
+high-water mark above the idle process. On a CPU that is the peak RSS (Linux's VmHWM, reset
+through /proc/self/clear_refs); on CUDA (where everything is built, `--device`) the peak of
 allocated GPU memory.
 Time: both paths in one process at --time-length, alternating, --repeats runs each after one
 warm-up each; medians in seconds. Prints a table and writes JSON: `memory` (a row per path and
@@ -36,6 +36,7 @@ import torch
 from sparrow.bench.device import bench_device, synchronize
 
 PATHS = ("gather", "masked")
+CLEAR_REFS = "/proc/self/clear_refs"
 PROMPT_TOKENS = 64
 PAGE_SIZE = 16
 
@@ -89,17 +90,32 @@ def _use(distill, path: str) -> None:
     distill.policy.model.set_attn_implementation(name)
 
 
+def _reset_peak(device: torch.device) -> None:
+    """Start the peak `_peak_mib` reads from now: the update's high-water mark, not a higher one
+    left by imports and the build (at a few hundred tokens the update's is the lower)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    elif Path(CLEAR_REFS).exists():
+        Path(CLEAR_REFS).write_text("5")  # Linux: VmHWM := VmRSS
+
+
 def _peak_mib(device: torch.device) -> float:
-    """The peak of allocated GPU memory on CUDA, else of the process's RSS."""
+    """The peak of allocated GPU memory on CUDA, else of the process's RSS since `_reset_peak`
+    (Linux: VmHWM; elsewhere the process's whole-life ru_maxrss)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # bytes on macOS
 
 
 def measure_memory(path: str, seq_len: int, budget_tokens: int, device: torch.device) -> dict:
     """In this (fresh) process: peak memory before and after one update on `path`."""
     distill, batch, dense, adv = _build(seq_len, budget_tokens, device)
     _use(distill, path)
+    _reset_peak(device)
     idle = _peak_mib(device)
     start = time.perf_counter()
     distill.step(batch, dense, adv, temperature=1.0)
