@@ -6,6 +6,7 @@ docs/distill/README.md.
     python -m sparrow.experiments.distill_table   # regenerate the table from docs/distill/runs
 """
 
+import argparse
 import datetime
 import json
 import math
@@ -175,6 +176,14 @@ def write_distill_report(docs: Path, steps: int) -> Path:
     return readme
 
 
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="distill_table", description=__doc__.splitlines()[0])
+    p.add_argument("docs", nargs="?", type=Path, default=REPO / "docs/distill", help="the folder")
+    p.add_argument("steps", nargs="?", type=int, default=20, help="steps of a finished run")
+    args = p.parse_args(argv)
+    write_distill_report(args.docs, steps=args.steps)
+    return 0
+
+
 if __name__ == "__main__":
-    docs = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "docs/distill"
-    write_distill_report(docs, steps=int(sys.argv[2]) if len(sys.argv) > 2 else 20)
+    sys.exit(main())
