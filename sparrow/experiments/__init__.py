@@ -11,6 +11,8 @@
 - distill_study: the DistillSparse study on the trainer (theta frozen, the online controller with
   and without the adapter, several seeds); distill_tail: a finished run's held-out tail with and
   without its adapter, paired; distill_table: the report from docs/distill/runs (docs/distill/).
+- default_run_report: the default run's table and the README's results row, from
+  docs/default_run/metrics.jsonl (`--check`: are they current).
 - dense_shared_ab: dense decode of one prompt's samples, shared pages against per-row copies.
 - task_accuracy: a model's accuracy on an embedded task and the task's prompt lengths.
 - zero_signal_drift: how far AdamW moves the policy on steps whose advantages are all zero.
