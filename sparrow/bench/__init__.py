@@ -4,6 +4,8 @@ cli.py               the dispatcher (COMMANDS)
 device.py            the one device a bench builds on (CUDA when present), seeded there
 actor.py             actor: share_prefix on vs off; peak memory of an update vs the estimate
 decode_step.py       decode-step: one whole-model decode step, sparse vs dense (CUDA events)
+decode_step_args.py  decode-step's arguments and their GPU / CPU defaults
+decode_step_report.py decode-step's problems check, printed rows and JSON file
 step_timer.py        the decode-step's timer: CUDA events or the wall clock, host share
 decode.py            decode: one decode step's launches, host syncs, page-table cost
 random_runner.py     a prefilled model runner over random weights of a real model's shapes

@@ -36,16 +36,15 @@ run as asked (no timed step, graphs asked for and not replayed, a compile in a t
 import argparse
 import functools
 import importlib
-import json
 import os
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from sparrow.bench.device import bench_device
+from sparrow.bench.decode_step_args import parse_args
+from sparrow.bench.decode_step_report import print_profile, print_row, problems, write_report
 from sparrow.bench.jit_compiles import CompileWatch
 from sparrow.bench.random_runner import RandomWeights
 from sparrow.bench.step_timer import StepTimer, host_share, summary
@@ -54,18 +53,6 @@ from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.engine import EngineConfig, LLMEngine
 from sparrow.rollout.sequence import Sequence
 
-# (GPU, CPU) defaults: the headline shape, and a tiny one that a CPU test runs in seconds.
-DEFAULTS = {
-    "model": ("qwen3-1.7b", "qwen3-debug"),
-    "context": (32768, 256),
-    "budget_tokens": (2048, 64),
-    "batches": ([16, 64], [4]),
-    "samples": (8, 2),
-    "dtype": ("bfloat16", "float32"),
-    "iters": (20, 5),
-    "warmup": (3, 1),
-    "profile_steps": (3, 0),
-}
 # The Triton kernels' modules (sparrow/kernels), watched for compiles when the engine uses them.
 TRITON_MODULES = ("decode_triton", "score_triton", "select_triton", "norm_rope_triton",
                   "swiglu_triton", "kv_write_triton")  # fmt: skip
@@ -322,50 +309,6 @@ def run(bench: Bench, args, batch: int, timed: bool = True) -> list[dict]:
     return rows
 
 
-def problems(report: dict) -> list[str]:
-    """Why the report does not hold what was asked for (empty: it does)."""
-    found = []
-    for row in report["runs"]:
-        name = f"batch {row['batch']}, graphs {'on' if row['graphs'] else 'off'}"
-        for arm in ("sparse", "dense"):
-            r = row[arm]
-            if len(r["steps_ms"]) < report["iters"] or not r["step_ms"] > 0:
-                found.append(f"{name}: the {arm} step was not timed")
-            if row["graphs"] and r["graph_replays"] < report["iters"]:
-                found.append(f"{name}: the {arm} step did not replay a CUDA graph")
-            if r["jit_compiles_timed"]:
-                found.append(
-                    f"{name}: {r['jit_compiles_timed']} Triton compiles in timed {arm} steps"
-                )
-    found += [f"batch {e['batch']}: {e['error']}" for e in report.get("errors", [])]
-    asked = len(report["batches"]) * len(report["graphs"])
-    if len(report["runs"]) != asked:
-        found.append(f"{len(report['runs'])} of {asked} configurations ran")
-    return found
-
-
-def print_row(row: dict) -> None:
-    s, d = row["sparse"], row["dense"]
-    print(
-        f"batch {row['batch']:>3} ({row['prompts']} x {row['samples']}), graphs "
-        f"{'on ' if row['graphs'] else 'off'}: sparse {s['step_ms']:8.3f} ms  dense "
-        f"{d['step_ms']:8.3f} ms  dense/sparse {row['ratio']:5.2f}x",
-        flush=True,
-    )
-
-
-def print_profile(rows: list[dict]) -> None:
-    def share(r: dict) -> str:
-        return "-" if r["host_share"] is None else f"{r['host_share']:.2f}"
-
-    for row in rows:
-        print(
-            f"batch {row['batch']:>3}, graphs {'on ' if row['graphs'] else 'off'}: host share "
-            f"sparse {share(row['sparse'])} dense {share(row['dense'])} (profiled)",
-            flush=True,
-        )
-
-
 def compile_only(args) -> int:
     """Every configuration's warm-up and nothing else: the Triton variants and graph shapes the
     timed run meets, compiled (into Triton's cache) and captured; the JSON says what and how
@@ -387,7 +330,7 @@ def compile_only(args) -> int:
         "graph_captures": graphs.num_captured if graphs is not None else 0,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    _write(args.json, report)
+    write_report(args.json, report)
     print(
         f"decode-step --compile-only: {report['jit_compiles']} Triton compiles, "
         f"{report['graph_captures']} graph captures, {report['seconds']} s",
@@ -449,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             tail = traceback.format_exc(limit=-3)
             report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
             print(f"batch {batch} failed: {tail}", flush=True)
-        _write(args.json, report)  # what ran survives a later failure
+        write_report(args.json, report)  # what ran survives a later failure
     if args.profile_steps > 0 and bench.device.type == "cuda":
         try:  # after every timed configuration and capture
             profile_pass(bench, args, report)
@@ -461,63 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in report["runs"]
     }
     report["problems"] = problems(report)
-    _write(args.json, report)
+    write_report(args.json, report)
     for line in report["problems"]:
         print(f"sparrow-bench decode-step: {line}")
     return 1 if report["problems"] else 0
-
-
-def _write(path: str | None, report: dict) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=2) + "\n")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="sparrow-bench decode-step", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
-    p.add_argument("--model", default=None, help="random weights of this shape (random_init.py)")
-    p.add_argument("--context", type=int, default=None, help="tokens cached per sequence")
-    p.add_argument("--budget-tokens", type=int, default=None, help="sparse layers' budget")
-    p.add_argument("--batches", type=int, nargs="+", default=None, help="sequences per step")
-    p.add_argument("--samples", type=int, default=None, help="samples per prompt (GRPO group)")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--iters", type=int, default=None, help="timed steps per arm (median)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps per arm first")
-    p.add_argument(
-        "--profile-steps", type=int, default=None,
-        help="GPU: profiled steps per configuration for the host share, in a pass after every "
-        "timed one (0: none)",
-    )  # fmt: skip
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton", "cpp"],
-                   help="attention kernels (EngineConfig.backend)")  # fmt: skip
-    p.add_argument(
-        "--compile-only", action="store_true",
-        help="the warm-up alone: compile and capture what the timed run meets",
-    )  # fmt: skip
-    p.add_argument(
-        "--graphs", default="auto", choices=["auto", "on", "off"],
-        help="CUDA graphs: auto = both on and off on CUDA, off on a CPU",
-    )  # fmt: skip
-    p.add_argument("--json", default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
-    args.device = torch.device(args.device) if args.device else bench_device()
-    gpu = args.device.type == "cuda"
-    for name, (on_gpu, on_cpu) in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, on_gpu if gpu else on_cpu)
-    if args.graphs == "auto":
-        args.graphs = [True, False] if gpu else [False]
-    else:
-        args.graphs = [args.graphs == "on"]
-    if True in args.graphs and not gpu:
-        p.error("--graphs on needs CUDA")
-    bad = [b for b in args.batches if b % args.samples]
-    if bad or args.budget_tokens % args.page_size or args.context % args.page_size:
-        p.error("batches must be multiples of --samples; context and budget of --page-size")
-    if args.iters < 1:
-        p.error("--iters must be >= 1")
-    return args

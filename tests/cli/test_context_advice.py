@@ -67,14 +67,27 @@ def test_no_advice_exceeds_the_models_context(page_size, num_pages, completion, 
     assert pages or lower or "shorten the prompts" in line, line
 
 
+def _jsonl(tmp_path, rows: list[dict]):
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _one_error_line(capsys, prog: str) -> str:
+    """The one line `prog` printed on stderr, which ends it, with no traceback."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith(f"{prog}:")]
+    assert "Traceback" not in err and len(lines) == 1 and err.rstrip().endswith(lines[0]), err
+    return lines[0]
+
+
 def test_train_with_prompts_over_the_models_positions_is_one_line(capsys, tmp_path):
     # tiny-qwen3 has 4,096 positions; a 16-page pool (256 tokens) holds none of these prompts,
     # and before the fix the line said to raise num_pages past the model's positions.
     rows = [
         {"prompt": "blue red " * 2500 + f"What is {i} + 1?", "answer": str(i + 1)} for i in range(2)
     ]
-    data = tmp_path / "long.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = _jsonl(tmp_path, rows)
     argv = [
         "preset=tiny",
         "rl.steps=1",
@@ -86,16 +99,14 @@ def test_train_with_prompts_over_the_models_positions_is_one_line(capsys, tmp_pa
         "rollout.engine.num_pages=16",
     ]
     assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.startswith("sparrow-train:")]
-    assert "Traceback" not in err and len(lines) == 1 and err.rstrip().endswith(lines[0]), err
+    line = _one_error_line(capsys, "sparrow-train")
     assert re.fullmatch(
         r"sparrow-train: error: the shortest prompt has \d+ tokens, over the model's 4096 "
         r"positions, which no KV pool extends: shorten the prompts or drop those rows \(with a "
         r"16-token completion \(rollout.max_new_tokens, rl.eval.max_new_tokens\) a prompt may "
         r"have 4080 tokens\)",
-        lines[0],
-    ), lines[0]
+        line,
+    ), line
 
 
 def test_generate_with_a_prompt_over_the_models_positions_is_one_line(capsys, tmp_path):
@@ -103,8 +114,7 @@ def test_generate_with_a_prompt_over_the_models_positions_is_one_line(capsys, tm
         {"prompt": "blue red " * 2500 + "What is 1 + 1?", "answer": "2"},
         {"prompt": "What is 2 + 2?", "answer": "4"},
     ]
-    data = tmp_path / "long.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = _jsonl(tmp_path, rows)
     argv = [
         "--model",
         "tiny-qwen3",
@@ -120,12 +130,10 @@ def test_generate_with_a_prompt_over_the_models_positions_is_one_line(capsys, tm
         str(tmp_path / "out.jsonl"),
     ]
     assert generate.main(argv) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.startswith("sparrow-generate:")]
-    assert "Traceback" not in err and len(lines) == 1 and err.rstrip().endswith(lines[0]), err
+    line = _one_error_line(capsys, "sparrow-generate")
     assert re.fullmatch(
         r"sparrow-generate: error: the longest prompt has \d+ tokens: with --max-tokens 16 it is "
         r"over the model's 4096 positions, which no KV pool extends; shorten that prompt or drop "
         r"its row \(--max-prompt-tokens 4080 skips the rows over that\)",
-        lines[0],
-    ), lines[0]
+        line,
+    ), line
