@@ -14,7 +14,7 @@ The in-place writes (`write_kv`: the KV cache and the page summaries) are declar
 this CPU instead of ~18 us, which an eager decode step pays per launch (~200 per step at 28
 layers; a replayed CUDA graph pays none).
 
-The ops take tensors and scalars only; kernels/__init__.py unpacks `PageSummary` and
+The ops take tensors and scalars only; kernels/dispatch.py unpacks `PageSummary` and
 `SelectedPages` into them and packs the outputs back.
 """
 
