@@ -6,8 +6,10 @@ bench, experiments. A package imports only packages of a lower rank (and itself)
 rank do not import each other. `models` (loading weights, the model shape), `tasks` (prompts,
 rewards) and the leaf modules `distributed.py` (collectives over ranks) and `malloc.py` depend on
 no other part of sparrow, so they sit at the bottom beside kernels. The run's config is
-train/config.py, ranked with train like any module (no exception). No import cycle among the
-modules. Each package's docstring maps its files.
+train/config.py, ranked with train like any module (no exception). Inside train/ the same rule
+holds one level down: run/ (the run dir's lifecycle) -> logs/ -> config.py -> memory/ -> the loop's
+modules (the rest of train/). No import cycle among the modules. Each package's and subpackage's
+docstring maps its files.
 """
 
 import ast
@@ -81,6 +83,35 @@ def _component(module: str) -> str | None:
     return parts[1]
 
 
+# Inside train/: a part imports only parts of a lower rank (and itself); the loop is the top.
+TRAIN_RANK = {"run": 0, "logs": 1, "config": 2, "memory": 3}
+TRAIN_LOOP = 4
+
+
+def _train_part(module: str) -> int | None:
+    """The rank inside train/ of a module of it (`sparrow.train.run.lock` -> 0), or None."""
+    parts = module.split(".")
+    if parts[:2] != ["sparrow", "train"] or len(parts) < 3 or parts[2] == "__init__":
+        return None
+    return TRAIN_RANK.get(parts[2], TRAIN_LOOP)
+
+
+def train_violations(path: Path, root: Path = PKG.parent) -> set[str]:
+    """The sparrow.train modules `path` (a module of train/) imports against run -> logs ->
+    config -> memory -> the loop."""
+    own_module = _module(path, root)
+    own = _train_part(own_module)
+    if own is None or own == TRAIN_LOOP:
+        return set()
+    bad = set()
+    for name in _imports(path, root):
+        other = _train_part(name)
+        same_part = name.split(".")[:3] == own_module.split(".")[:3]
+        if other is not None and not same_part and other >= own:
+            bad.add(name)
+    return bad
+
+
 def direction_violations(path: Path, root: Path = PKG.parent) -> set[str]:
     """The sparrow modules `path` imports against the dependency direction."""
     own = _component(_module(path, root))
@@ -148,6 +179,12 @@ def test_dependency_direction(path):
     assert not bad, f"{_rel(path)} imports against kernels -> ... -> cli: {sorted(bad)}"
 
 
+@pytest.mark.parametrize("path", _files(PKG / "train"), ids=_rel)
+def test_train_direction(path):
+    bad = train_violations(path)
+    assert not bad, f"{_rel(path)} imports against run -> logs -> config -> memory -> loop: {bad}"
+
+
 def test_no_import_cycle():
     cycle = find_cycle(_module_graph(PKG))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -161,15 +198,17 @@ def test_every_package_is_ranked():
 
 @pytest.mark.parametrize(
     "package",
-    sorted(p for p in PKG.iterdir() if (p / "__init__.py").is_file()),
-    ids=lambda p: p.name,
+    sorted(p.parent for p in PKG.rglob("__init__.py") if p.parent != PKG),
+    ids=lambda p: _rel(p),
 )
 def test_every_package_maps_its_files(package):
-    """Each package's docstring names every module in it: the map a newcomer reads first."""
+    """Each package's docstring names every module and subpackage in it: the map a newcomer
+    reads first."""
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     files = sorted(p.stem for p in package.glob("*.py") if p.name != "__init__.py")
-    missing = [f for f in files if not re.search(rf"\b{f}\b", doc)]
-    assert not missing, f"sparrow/{package.name}/__init__.py does not name {missing}"
+    files += sorted(p.parent.name + "/" for p in package.glob("*/__init__.py"))
+    missing = [f for f in files if not re.search(rf"\b{re.escape(f)}", doc)]
+    assert not missing, f"{_rel(package)}/__init__.py does not name {missing}"
 
 
 def test_layering_check_sees_violations(tmp_path):
@@ -196,6 +235,20 @@ def test_layering_check_sees_violations(tmp_path):
     (pkg / "tasks" / "b.py").write_text("def f():\n    from sparrow.tasks import a\n")
     cycle = find_cycle(_module_graph(pkg))
     assert cycle is not None and {"sparrow.tasks.a", "sparrow.tasks.b"} <= set(cycle)
+    # Inside train/: run/ importing the loop or logs/ is against the direction; logs/ -> run/ not.
+    for part in ("train", "train/run", "train/logs"):
+        (pkg / part).mkdir(parents=True, exist_ok=True)
+        (pkg / part / "__init__.py").write_text("")
+    (pkg / "train" / "run" / "lock.py").write_text(
+        "from sparrow.train import trainer\nfrom sparrow.train.logs.panels import P\n"
+    )
+    assert train_violations(pkg / "train" / "run" / "lock.py", root=tmp_path) == {
+        "sparrow.train.trainer",
+        "sparrow.train.logs.panels",
+        "sparrow.train.logs.panels.P",
+    }
+    (pkg / "train" / "logs" / "m.py").write_text("from sparrow.train.run.lock import x\n")
+    assert train_violations(pkg / "train" / "logs" / "m.py", root=tmp_path) == set()
     (pkg / "tasks" / "b.py").write_text("x = 1\n")
     assert find_cycle(_module_graph(pkg)) is None
 

@@ -19,7 +19,7 @@ CUDA's peak allocation instead.
 GROUPS groups of 6 rows sharing 3,200-token prompts, 32 completion tokens; PHASE `logprobs` (the
 no-grad pass) or `step` (one update, AdamW's state created in it). Prints the peak RSS growth
 (on a GPU: of CUDA's peak allocation) beside the run's memory plan for that phase
-(sparrow.train.memory_plan), prompts' K/V indexed out to the rows included; one setting per
+(sparrow.train.memory.plan), prompts' K/V indexed out to the rows included; one setting per
 process.
 """
 
@@ -167,7 +167,7 @@ def _memory(args) -> dict:
 def _long_prompt(args) -> dict:
     from sparrow.rl.actor import DenseActor  # DeepSpeed: imported only when this runs
     from sparrow.train.config import RLConfig, RolloutConfig, SparrowConfig
-    from sparrow.train.memory_plan import plan_memory
+    from sparrow.train.memory.plan import plan_memory
 
     group, prompt, completion = 6, 3200, 32
     cfg = ActorConfig(

@@ -5,7 +5,7 @@ cannot be written, a full disk, a run dir whose config or checkpoint does not ma
 line on stderr that names the key, option or path and what to do, and the script exits with 2;
 a bad command-line option is such a line too (`ArgumentParser`), not a usage dump. SIGTERM or
 SIGINT outside the training loop prints one line and exits with 128 + signal
-(sparrow/train/interruption.py). Anything else is a bug in sparrow and keeps its traceback.
+(sparrow/train/run/stop_outside_loop.py). Anything else is a bug in sparrow and keeps its traceback.
 Under torchrun a stopping line is also the worker's error file, which the launcher
 (sparrow/cli/launcher.py) prints last.
 
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sparrow.train.interruption import Interrupted, stop_at_once
+from sparrow.train.run.stop_outside_loop import Interrupted, stop_at_once
 
 USER_ERROR_EXIT = 2
 _INTERRUPT_EXIT = 130  # 128 + SIGINT, what a shell reports for Ctrl-C

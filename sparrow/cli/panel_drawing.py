@@ -1,4 +1,4 @@
-"""Matplotlib drawing of one dashboard panel (sparrow/train/panels.py) on one axes, for
+"""Matplotlib drawing of one dashboard panel (sparrow/train/logs/panels.py) on one axes, for
 sparrow-report.
 
 Read at a glance: one colour per position bin (the same bin has the same colour in every panel),
@@ -12,7 +12,7 @@ import matplotlib.colors as mcolors
 import numpy as np
 
 from sparrow.cli.report_runs import RunData
-from sparrow.train.panels import Panel, bin_index, matches
+from sparrow.train.logs.panels import Panel, bin_index, matches
 
 RUN_STYLES = ("-", "--", ":", "-.")
 

@@ -5,7 +5,7 @@ as a W&B workspace.
     sparrow-report runs/default --wandb-workspace ENTITY/PROJECT
 
 The panels, their sections (tail acceptance, budget, learning, rollout correction, cost) and
-their order are sparrow/train/panels.py's, for the PNGs and the workspace alike. One PNG per
+their order are sparrow/train/logs/panels.py's, for the PNGs and the workspace alike. One PNG per
 panel that has data, and report.png with all of them in their sections. Per-bin series are drawn
 only for position bins that decoded tokens, labelled by the positions they cover (from the run's
 stored run_config.json: schedule.bin_tokens). Several run directories are overlaid, one line
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sparrow.cli.errors import ArgumentParser, run_main
 from sparrow.cli.report_runs import load_runs
-from sparrow.train.panels import layout
+from sparrow.train.logs.panels import layout
 
 OVERVIEW = "report.png"
 _COLUMNS = 3  # panels per row in report.png

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparrow.cli.errors import UserError
-from sparrow.train.metrics_logger import read_metrics
-from sparrow.train.panels import decoded_bins
-from sparrow.train.run_config import FILE_NAME as RUN_CONFIG
+from sparrow.train.logs.metrics_logger import read_metrics
+from sparrow.train.logs.panels import decoded_bins
+from sparrow.train.run.stored_config import FILE_NAME as RUN_CONFIG
 
 
 @dataclass

@@ -29,7 +29,7 @@ from sparrow.cli.errors import (
     run_main,
     stop_line,
 )
-from sparrow.train.interruption import (
+from sparrow.train.run.stop_outside_loop import (
     STARTUP_ADVICE,
     Interrupted,
     ignore_stop_signals,
@@ -68,7 +68,7 @@ def _train(argv: list[str] | None) -> int:
     except ConfigError as err:
         return stop_line(f"sparrow-train: config error: {err}", 2)
 
-    from sparrow.train.run_lock import RunDirBusy, RunDirLock
+    from sparrow.train.run.lock import RunDirBusy, RunDirLock
 
     # One run per run dir, locked before anything is written there; rank 0 holds it for all.
     lock = RunDirLock(cfg.run_dir)
@@ -94,8 +94,8 @@ def _dry_run_from_config(cfg, pinned: frozenset[str]) -> int | None:
     (the trainer then loads it and the data, and plans from both). Sizes as the run would."""
     from sparrow.models.model_config import read_model_config
     from sparrow.models.shape import ModelShape
-    from sparrow.train.memory_fit import MemoryRefused, fit_memory, rank_device_memory
-    from sparrow.train.memory_plan import targets_gpu
+    from sparrow.train.memory.fit import MemoryRefused, fit_memory, rank_device_memory
+    from sparrow.train.memory.plan import targets_gpu
 
     try:
         config, source = read_model_config(cfg.model)
@@ -144,10 +144,10 @@ def _run_or_lost_rank(cfg, pinned: frozenset[str]) -> int:
 
 
 def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
-    from sparrow.train.graceful_stop import StopRequested
-    from sparrow.train.run_config import ResumeMismatch
+    from sparrow.train.run.stop_in_loop import StopRequested
+    from sparrow.train.run.stored_config import ResumeMismatch
+    from sparrow.train.run.weight_guard import NonFiniteStreak, NonFiniteWeights
     from sparrow.train.trainer import GRPOTrainer
-    from sparrow.train.weight_guard import NonFiniteStreak, NonFiniteWeights
 
     if cfg.dry_run:
         code = _dry_run_from_config(cfg, pinned)

@@ -1,5 +1,5 @@
 """The method's W&B workspace, defined in code with `wandb-workspaces`: the panels of
-sparrow/train/panels.py, in their sections and order, as `sparrow-report` draws them.
+sparrow/train/logs/panels.py, in their sections and order, as `sparrow-report` draws them.
 
     sparrow-report runs/default --wandb-workspace ENTITY/PROJECT
 
@@ -16,7 +16,7 @@ key (`wandb login` or WANDB_API_KEY) and network.
 from pathlib import Path
 
 from sparrow.cli.errors import UserError
-from sparrow.train.panels import Panel
+from sparrow.train.logs.panels import Panel
 
 HEATMAP_PRESET = "wandb/confusion_matrix/v1"  # a heat map over (Actual, Predicted) cells
 HEATMAP_FIELDS = {"Actual": "bin", "Predicted": "step", "nPredictions": "p5"}
@@ -25,7 +25,7 @@ HEATMAP_FIELDS = {"Actual": "bin", "Predicted": "step", "nPredictions": "p5"}
 def build_workspace(run_dirs: list[Path], entity: str, project: str, name: str):
     """The workspace object (not saved): one section per dashboard section with data."""
     from sparrow.cli.report_runs import load_runs
-    from sparrow.train.panels import layout
+    from sparrow.train.logs.panels import layout
 
     ws, wr = _modules()
     _, keys, bins = load_runs(run_dirs)
@@ -38,7 +38,7 @@ def build_workspace(run_dirs: list[Path], entity: str, project: str, name: str):
 
 def save_workspace(run_dirs: list[Path], target: str, name: str) -> str:
     """Build the workspace for `target` (ENTITY/PROJECT), save it as a new view; its URL."""
-    from sparrow.train.wandb_run import has_api_key
+    from sparrow.train.logs.wandb_run import has_api_key
 
     entity, _, project = target.partition("/")
     if not entity or not project or "/" in project:

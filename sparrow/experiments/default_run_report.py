@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.train.metrics_logger import read_metrics
+from sparrow.train.logs.metrics_logger import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "default_run"

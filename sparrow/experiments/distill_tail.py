@@ -27,8 +27,8 @@ from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models.loading import load_model
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import load_eval_prompts
-from sparrow.train.checkpoint import verify
 from sparrow.train.config import SparrowConfig
+from sparrow.train.run.checkpoint import verify
 
 PROMPTS_PER_CALL = 4  # prompts sampled and scored at once: bounds the (T, V) logits held
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparrow.cli.report import main as report_main
-from sparrow.train.metrics_logger import read_metrics
+from sparrow.train.logs.metrics_logger import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE_BEGIN = "<!-- study-table:begin -->"

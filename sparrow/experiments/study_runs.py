@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sparrow.cli.config_loader import ConfigError, compose_dict
 from sparrow.experiments.stability_table import _rows_by_step, _wall_s
-from sparrow.train.checkpoint import verify
+from sparrow.train.run.checkpoint import verify
 
 REPO = Path(__file__).resolve().parents[2]
 

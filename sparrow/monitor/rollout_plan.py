@@ -1,6 +1,5 @@
 """Which sequences of a step's rollout are decoded densely (the noise-floor share) and which keep
-their logits for the exact acceptance: decided before `generate`, read again by the monitor; and
-the `Rollout` that carries the plan with the engine's outputs and their batch.
+their logits for the exact acceptance: decided before `generate`, read again by the monitor.
 
 Sequences are prompt-major, `group_size` per prompt; the noise-floor prompts are the last
 `num_floor` of this rank's share.
@@ -12,7 +11,6 @@ import torch
 from torch import Tensor
 
 from sparrow.monitor.config import MonitorConfig
-from sparrow.rl.batch import RolloutBatch
 
 
 @dataclass
@@ -21,21 +19,6 @@ class RolloutPlan:
     floor_rows: Tensor  # (B,) bool, the sequences of those prompts
     schedules: list | None  # per sequence: the sparse schedule or None (dense); None: all sparse
     logit_rows: list[bool] | None  # sequences that keep their logits (exact acceptance); None: off
-
-
-@dataclass
-class Rollout:
-    outputs: list  # the engine's GenerationOutputs, prompt-major, rl.group_size per prompt
-    batch: RolloutBatch
-    plan: RolloutPlan  # which rows were dense (noise floor) and kept their logits
-    stats: object  # the engine's GenerateStats of the generate call(s) (decode tok/s)
-
-    def free_logits(self) -> None:
-        """Drop the (C_b, V) rollout logits the batch and its outputs hold (read by the
-        acceptance, not needed after it)."""
-        self.batch.rollout_logits = None
-        for o in self.outputs:
-            o.logits = None
 
 
 def exact_rows(floor_rows: Tensor, exact_fraction: float) -> Tensor:

@@ -70,7 +70,7 @@ def row_expanded_cache_bytes(
     holds it LOGPROB_COPIES times (the expanded K/V and its concatenation with the completions'),
     a training step STEP_COPIES times (those and their gradients): counts calibrated on
     SmolLM2-135M fp32 with 6 rows x 3200-token prompts per group (`sparrow-bench actor
-    long-prompt`, checked in tests/train/test_memory_plan.py), where each further group added
+    long-prompt`, checked in tests/train/memory/test_plan.py), where each further group added
     0.4-0.7 GiB to the log-prob pass's peak RSS and 2.1-3.8 GiB to the step's, against 0.82 GiB
     of this term."""
     per_token = shape.num_layers * 2 * shape.kv_dim * bytes_per_value

@@ -9,7 +9,7 @@ A micro-batch is a contiguous row range (rows of a GRPO group are consecutive). 
   computed once. A group that fits a fresh micro-batch is kept whole, so its prompt is computed
   once; a group that does not (long generations: 8 rows x 16K tokens; long prompts: 8 rows x 4K)
   is split row-wise, each part computing the prompt again. Activation memory then follows the
-  budget, not the group size (sparrow.train.memory_plan).
+  budget, not the group size (sparrow.train.memory.plan).
 Splitting never changes the loss or the gradient: the loss is normalised by the global token
 count of the step, so the applied gradient is the plain sum over micro-batches.
 """

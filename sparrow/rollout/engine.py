@@ -60,7 +60,7 @@ class EngineConfig:
     dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
     linear_backend: str = "torch"  # GEMMs: "torch" (as HF) | "onednn" (CPU fp32, packed, faster)
     # Sampler seed; each generate call reseeds with seed + call index. None: the trainer derives
-    # it from the run's `seed` (sparrow/train/run_seeds.py); a standalone engine takes 0.
+    # it from the run's `seed` (sparrow/train/run/seeds.py); a standalone engine takes 0.
     seed: int | None = None
     # Replay decode steps from CUDA graphs captured per step shape (batch, pages and budget padded
     # to buckets); CUDA with the Triton backend only. Eager when an unmerged LoRA gates rows.

@@ -21,8 +21,7 @@ from sparrow.rl.rollout_correction import CorrectionConfig
 from sparrow.rollout.engine import EngineConfig
 from sparrow.tasks.data import DataConfig
 from sparrow.tasks.rewards import RewardConfig
-from sparrow.train.dynamic_sampling import DynamicSamplingConfig
-from sparrow.train.metrics_logger import LoggerConfig
+from sparrow.train.logs.metrics_logger import LoggerConfig
 
 
 @dataclass
@@ -61,6 +60,18 @@ class EvalConfig:
             )
         if self.max_new_tokens < 1:
             raise ValueError(f"rl.eval.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class DynamicSamplingConfig:
+    # Draw rounds of rl.prompts_per_step prompts until the step holds that many groups whose
+    # rewards are not all equal (DAPO's dynamic sampling); off: one round, every group trained.
+    enabled: bool = False
+    max_rounds: int = 4  # rounds per step at most; then the step trains on what it kept
+
+    def __post_init__(self):
+        if self.max_rounds < 1:
+            raise ValueError(f"rl.dynamic_sampling.max_rounds must be >= 1, got {self.max_rounds}")
 
 
 @dataclass
@@ -111,7 +122,7 @@ class RLConfig:
 
 @dataclass
 class MemoryConfig:
-    """How the run's memory plan (sparrow/train/memory_plan.py) meets the device before step 1."""
+    """How the run's memory plan (sparrow/train/memory/plan.py) meets the device before step 1."""
 
     # The device's memory in GiB; null: measured (GPU: free device memory; CPU: host RAM
     # available to this process), or the H200's 139 GiB when a GPU config has no GPU (a dry run).
@@ -147,7 +158,7 @@ class SparrowConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)  # the plan against the device
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
     # The root of every random stream: sampling, prompt order, evaluation, DistillSparse, the
-    # global generators (sparrow/train/run_seeds.py); a component's own seed set explicitly wins.
+    # global generators (sparrow/train/run/seeds.py); a component's own seed set explicitly wins.
     seed: int = 0
     resume: str = "auto"  # auto: newest complete checkpoint in run_dir if any | never | a path
     # refuse: resuming a run dir whose stored config differs in a key that changes the run

@@ -29,8 +29,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from sparrow.distributed import Ranks
-from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
+from sparrow.monitor.rollout_plan import RolloutPlan
+from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores, RewardStats
+from sparrow.train.config import DynamicSamplingConfig
 
 # What a step with dynamic sampling logs (the dashboard's dynamic_sampling panel reads them).
 SAMPLING_METRICS = (
@@ -41,20 +43,26 @@ SAMPLING_METRICS = (
     "sampling/round_limit_hit",
 )
 
-Collate = Callable[[list, list, RolloutPlan, object], Rollout]
-GroupKey = tuple[int, int]  # (round, prompt index in this rank's share of the round)
-
 
 @dataclass
-class DynamicSamplingConfig:
-    # Draw rounds of rl.prompts_per_step prompts until the step holds that many groups whose
-    # rewards are not all equal (DAPO's dynamic sampling); off: one round, every group trained.
-    enabled: bool = False
-    max_rounds: int = 4  # rounds per step at most; then the step trains on what it kept
+class Rollout:
+    """One round of the step: the engine's outputs with their batch and the plan they ran under."""
 
-    def __post_init__(self):
-        if self.max_rounds < 1:
-            raise ValueError(f"rl.dynamic_sampling.max_rounds must be >= 1, got {self.max_rounds}")
+    outputs: list  # the engine's GenerationOutputs, prompt-major, rl.group_size per prompt
+    batch: RolloutBatch
+    plan: RolloutPlan  # which rows were dense (noise floor) and kept their logits
+    stats: object  # the engine's GenerateStats of the generate call(s) (decode tok/s)
+
+    def free_logits(self) -> None:
+        """Drop the (C_b, V) rollout logits the batch and its outputs hold (read by the
+        acceptance, not needed after it)."""
+        self.batch.rollout_logits = None
+        for o in self.outputs:
+            o.logits = None
+
+
+Collate = Callable[[list, list, RolloutPlan, object], Rollout]
+GroupKey = tuple[int, int]  # (round, prompt index in this rank's share of the round)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from sparrow.rl.actor_memory import micro_batch_activation_bytes
 from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores, GuardedReward
 from sparrow.train.config import SparrowConfig
-from sparrow.train.memory_plan import actor_micro_batch_tokens
+from sparrow.train.memory.plan import actor_micro_batch_tokens
 
 log = logging.getLogger(__name__)
 

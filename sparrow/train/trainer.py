@@ -33,7 +33,7 @@ from sparrow.models.loading import load_model
 from sparrow.models.shape import ModelShape
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
 from sparrow.monitor.monitor import Monitor
-from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
+from sparrow.monitor.rollout_plan import RolloutPlan
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import PolicyLoss
@@ -43,20 +43,21 @@ from sparrow.rl.reference import ReferencePolicy
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
-from sparrow.train.checkpoint import CheckpointManager
 from sparrow.train.config import SparrowConfig
-from sparrow.train.dynamic_sampling import Round, Sampled, sample_step
+from sparrow.train.dynamic_sampling import Rollout, Round, Sampled, sample_step
 from sparrow.train.evaluation import PairedBaseline, evaluate
-from sparrow.train.graceful_stop import GracefulStop, StopRequested
-from sparrow.train.interruption import STARTUP_ADVICE, stop_at_once
-from sparrow.train.metrics_logger import MetricsLogger
+from sparrow.train.logs.metrics_logger import MetricsLogger
+from sparrow.train.logs.progress import StepClock
+from sparrow.train.memory.run_inputs import load_run_inputs
 from sparrow.train.phase_timer import PhaseTimer
-from sparrow.train.policy_export import export_policy
 from sparrow.train.policy_update import PolicyUpdate
-from sparrow.train.progress import StepClock
-from sparrow.train.run_inputs import load_run_inputs
-from sparrow.train.run_seeds import resolve_seeds, seed_global_rngs
-from sparrow.train.run_state import CheckpointedRun
+from sparrow.train.run.checkpoint import CheckpointManager
+from sparrow.train.run.policy_export import export_policy
+from sparrow.train.run.seeds import resolve_seeds, seed_global_rngs
+from sparrow.train.run.state import CheckpointedRun
+from sparrow.train.run.stop_in_loop import GracefulStop, StopRequested
+from sparrow.train.run.stop_outside_loop import STARTUP_ADVICE, stop_at_once
+from sparrow.train.run.weight_guard import check_weights, next_nonfinite_streak
 from sparrow.train.schedule_steering import ScheduleSteering
 from sparrow.train.step_report import (
     RewardFailures,
@@ -67,7 +68,6 @@ from sparrow.train.step_report import (
     throughput_metrics,
     update_metrics,
 )
-from sparrow.train.weight_guard import check_weights, next_nonfinite_streak
 
 log = logging.getLogger(__name__)
 

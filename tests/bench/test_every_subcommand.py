@@ -34,7 +34,7 @@ class Run(NamedTuple):
 
 # Each subcommand's runs, beside the document that reads their fields.
 TINY: dict[str, list[Run]] = {
-    "actor": [  # tests/train/test_memory_plan.py: the update's growth beside the estimate
+    "actor": [  # tests/train/memory/test_plan.py: the update's growth beside the estimate
         Run("actor memory 2 0", "micro_batch_rows peak_rss_growth_mib estimate_mib"),
         Run("actor prefix --tiny --repeats 1", "compute_logprobs.ratio train_step.ratio", True),
     ],

@@ -17,7 +17,7 @@ import pytest
 from sparrow.cli import generate
 from sparrow.cli.train import main
 from sparrow.tasks.data import PromptsTooLong
-from sparrow.train.context_room import ContextRoom
+from sparrow.train.memory.context_budget import ContextRoom
 
 QWEN3_POSITIONS = 40960
 

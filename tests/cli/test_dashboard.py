@@ -1,4 +1,4 @@
-"""The dashboard as code: the panels of sparrow/train/panels.py checked against a real smoke
+"""The dashboard as code: the panels of sparrow/train/logs/panels.py checked against a real smoke
 run's metrics.jsonl, the W&B workspace built from them offline (stopping before the save, which
 needs network and a key), and sparrow-report drawing the same panels in the same order.
 
@@ -16,8 +16,8 @@ from sparrow.cli import report
 from sparrow.cli.report_runs import load_runs
 from sparrow.cli.wandb_workspace import HEATMAP_PRESET, build_workspace
 from sparrow.train.dynamic_sampling import SAMPLING_METRICS
-from sparrow.train.metrics_logger import read_metrics
-from sparrow.train.panels import PANELS, TAU_KEY, decoded_bins, layout, matches, resolve
+from sparrow.train.logs.metrics_logger import read_metrics
+from sparrow.train.logs.panels import PANELS, TAU_KEY, decoded_bins, layout, matches, resolve
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[2]

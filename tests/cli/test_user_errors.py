@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from sparrow.cli.train import main
-from sparrow.train.checkpoint import CheckpointManager
+from sparrow.train.run.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["preset=tiny", "rl.steps=1", "rl.eval.every=0"]

@@ -15,7 +15,7 @@ def test_runs_cover_every_arm_with_the_same_seeds():
     ]  # fmt: skip
     for run in runs:
         seed = run.name.rsplit("_s", 1)[1]
-        # `seed` alone derives both the sampling and the prompt order (sparrow/train/run_seeds.py)
+        # `seed` alone derives both the sampling and the prompt order (sparrow/train/run/seeds.py)
         assert f"seed={seed}" in run.overrides
         assert not any(
             o.startswith(("data.shuffle_seed", "rollout.engine.seed")) for o in run.overrides

@@ -9,7 +9,7 @@ from sparrow.models.families import FAMILIES, check_family, closest_family
 from sparrow.models.loading import ModelConfig, tiny_model_config
 from sparrow.models.model_config import read_model_config
 from sparrow.models.shape import ModelShape
-from sparrow.train.memory_plan import parameter_count
+from sparrow.train.memory.plan import parameter_count
 
 VARIANTS = {
     "qwen2": tiny_model_config("qwen2"),

@@ -20,7 +20,7 @@ from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm  # noqa: E402
 from sparrow.rl.actor import DenseActor  # noqa: E402
 from sparrow.rl.actor_config import ActorConfig  # noqa: E402
 from sparrow.rl.micro_batches import split_micro_batches  # noqa: E402
-from sparrow.train.checkpoint import CheckpointManager  # noqa: E402
+from sparrow.train.run.checkpoint import CheckpointManager  # noqa: E402
 
 
 def run_step(actor, step, global_batch, micro_batch_size):

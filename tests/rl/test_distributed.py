@@ -157,7 +157,7 @@ def test_multinode_launch_without_master_addr_stops_at_once():
 GRACEFUL_WORKER = """
 import sys, time
 from pathlib import Path
-from sparrow.train.graceful_stop import GracefulStop
+from sparrow.train.run.stop_in_loop import GracefulStop
 
 out = Path(sys.argv[1])
 with GracefulStop() as stop:

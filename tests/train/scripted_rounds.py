@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from sparrow.distributed import Ranks
-from sparrow.monitor.rollout_plan import Rollout, RolloutPlan
+from sparrow.monitor.rollout_plan import RolloutPlan
 from sparrow.rollout.outputs import GenerateStats
 from sparrow.tasks.rewards import BatchScores, RewardStats
-from sparrow.train.dynamic_sampling import DynamicSamplingConfig, Round, sample_step
+from sparrow.train.dynamic_sampling import DynamicSamplingConfig, Rollout, Round, sample_step
 
 G = 2  # samples per group in the scripted rounds
 

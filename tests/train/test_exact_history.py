@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from wandb_files import logged_steps, wait_until_written
 
-from sparrow.train.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
+from sparrow.train.logs.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = Path(__file__).with_name("pause_at.py")
@@ -35,7 +35,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_metrics_cut_back_to_the_resumed_step(tmp_path):
-    from sparrow.train.run_history import truncate_metrics
+    from sparrow.train.run.history import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps({"step": s, "loss": s / 10}) for s in (0, 1, 2, 3)]

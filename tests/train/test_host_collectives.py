@@ -25,8 +25,8 @@ CHECK = textwrap.dedent(
     import sys, torch, torch.distributed as dist
     from torch import nn
     from sparrow.distributed import Ranks, collective_device
-    from sparrow.train.graceful_stop import GracefulStop
-    from sparrow.train.weight_guard import squared_norm
+    from sparrow.train.run.stop_in_loop import GracefulStop
+    from sparrow.train.run.weight_guard import squared_norm
 
     backend = sys.argv[1]
     if backend == "nccl":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sparrow.train.checkpoint import MARKER, verify
+from sparrow.train.run.checkpoint import MARKER, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = Path(__file__).with_name("pause_at.py")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from test_loop_fake_actor import _trainer
 
-from sparrow.train import checkpoint
-from sparrow.train.run_history import truncate_metrics
+from sparrow.train.run import checkpoint
+from sparrow.train.run.history import truncate_metrics
 
 WANDB_FILES = Path(__file__).resolve().parent / "wandb_files.py"
 

@@ -16,8 +16,8 @@ import torch
 from sparrow.cli import train as train_cli
 from sparrow.cli.config_loader import load_config
 from sparrow.train import trainer as trainer_module
+from sparrow.train.run.weight_guard import NonFiniteStreak
 from sparrow.train.trainer import GRPOTrainer
-from sparrow.train.weight_guard import NonFiniteStreak
 
 
 def _trainer(run_dir, steps: int, streak: int = 3) -> GRPOTrainer:

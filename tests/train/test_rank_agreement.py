@@ -27,7 +27,7 @@ CHECK = textwrap.dedent(
     from types import SimpleNamespace as NS
     from sparrow.monitor.exact_acceptance import _micro_batches
     from sparrow.train.step_report import rollout_metrics
-    from sparrow.train.run_config import ResumeMismatch
+    from sparrow.train.run.stored_config import ResumeMismatch
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -154,7 +154,7 @@ def test_each_rank_samples_its_own_stream(tmp_path, monkeypatch):
     from sparrow.cli.config_loader import load_config
     from sparrow.distributed import rank_seed
     from sparrow.rollout.engine import SamplingParams
-    from sparrow.train.run_seeds import stream_seed
+    from sparrow.train.run.seeds import stream_seed
     from sparrow.train.trainer import GRPOTrainer
 
     cfg = load_config(["preset=tiny", "rl.eval.every=0", f"run_dir={tmp_path}"])

@@ -1,4 +1,4 @@
-"""One seed for every random stream (sparrow/train/run_seeds.py): the derivation itself; `seed`
+"""One seed for every random stream (sparrow/train/run/seeds.py): the derivation itself; `seed`
 moving the sampling and the prompt order of a real trainer; an explicit component seed winning
 (and the plan line saying so); and the same seed giving the same run, weights and metrics."""
 
@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from sparrow.cli.config_loader import load_config
 from sparrow.train.config import SparrowConfig
-from sparrow.train.run_config import differing_keys
-from sparrow.train.run_seeds import resolve_seeds, stream_seed
+from sparrow.train.run.seeds import resolve_seeds, stream_seed
+from sparrow.train.run.stored_config import differing_keys
 from sparrow.train.trainer import GRPOTrainer
 
 TINY = ["preset=tiny", "rl.eval.every=0"]

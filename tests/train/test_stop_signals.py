@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparrow.train.checkpoint import verify
+from sparrow.train.run.checkpoint import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = ROOT / "tests" / "train" / "pause_at.py"

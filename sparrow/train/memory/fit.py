@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from sparrow.models.shape import ModelShape
 from sparrow.train.config import MemoryConfig, SparrowConfig
-from sparrow.train.memory_plan import GiB, MemoryPlan, plan_memory
+from sparrow.train.memory.plan import GiB, MemoryPlan, plan_memory
 
 H200_BYTES = 139 * GiB
 CHECKPOINTING = "actor.activation_checkpointing"

@@ -1,4 +1,4 @@
-"""Sizing to the device (sparrow/train/memory_fit.py): what is changed, in which order, what is
+"""Sizing to the device (sparrow/train/memory/fit.py): what is changed, in which order, what is
 left as the user set it, and the one-line refusals naming the phase and the knob."""
 
 from dataclasses import replace
@@ -10,7 +10,7 @@ from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rollout.engine import EngineConfig
 from sparrow.train.config import MemoryConfig, RLConfig, RolloutConfig, SparrowConfig
-from sparrow.train.memory_fit import (
+from sparrow.train.memory.fit import (
     CHECKPOINTING,
     TOKEN_BUDGET,
     DeviceMemory,
@@ -19,7 +19,7 @@ from sparrow.train.memory_fit import (
     fit_memory,
     rank_device_memory,
 )
-from sparrow.train.memory_plan import GiB, plan_memory
+from sparrow.train.memory.plan import GiB, plan_memory
 
 SHAPE = ModelShape.from_hf_config(tiny_model_config("qwen3"))
 PROMPT = 1000  # longest prompt; rows of 1000 + 512 tokens

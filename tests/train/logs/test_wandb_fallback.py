@@ -13,9 +13,9 @@ import socket
 
 import pytest
 
-from sparrow.train.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
+from sparrow.train.logs.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
 
-WARNING_LOGGER = "sparrow.train.metrics_logger"
+WARNING_LOGGER = "sparrow.train.logs.metrics_logger"
 
 
 @pytest.fixture

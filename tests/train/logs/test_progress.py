@@ -1,7 +1,7 @@
 """The step line's progress: share done, elapsed time and an ETA from this launch's steps."""
 
-from sparrow.train import progress
-from sparrow.train.progress import StepClock, format_duration
+from sparrow.train.logs import progress
+from sparrow.train.logs.progress import StepClock, format_duration
 
 
 def test_eta_is_the_mean_step_time_times_the_steps_left(monkeypatch):

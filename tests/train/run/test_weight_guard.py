@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from sparrow.train.checkpoint import verify
+from sparrow.train.run.checkpoint import verify
 
-ROOT = Path(__file__).resolve().parents[2]
-PAUSE_AT = Path(__file__).with_name("pause_at.py")
+ROOT = Path(__file__).resolve().parents[3]
+PAUSE_AT = Path(__file__).resolve().parents[1] / "pause_at.py"
 _DIST = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 ENV = {k: v for k, v in os.environ.items() if k not in _DIST}
 ENV |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -27,7 +27,7 @@ ENV |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, 1e30])
 def test_guard_stops_on_non_finite_or_overflowing_weights(bad):
-    from sparrow.train.weight_guard import NonFiniteWeights, check_weights
+    from sparrow.train.run.weight_guard import NonFiniteWeights, check_weights
 
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     assert math.isfinite(check_weights(model, 1, 7, lambda: None))

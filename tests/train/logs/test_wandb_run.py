@@ -7,9 +7,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-from sparrow.train.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
+from sparrow.train.logs.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
 
-WANDB_FILES = Path(__file__).resolve().parent / "wandb_files.py"
+WANDB_FILES = Path(__file__).resolve().parents[1] / "wandb_files.py"
 
 
 def _wandb_files():

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sparrow.train.checkpoint import CHECKSUM_MAX_BYTES, MARKER, CheckpointManager
+from sparrow.train.run.checkpoint import CHECKSUM_MAX_BYTES, MARKER, CheckpointManager
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # A fresh single-process run: no rendezvous variables left by in-process tests.
 _DIST = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 ENV = {k: v for k, v in os.environ.items() if k not in _DIST}
@@ -45,7 +45,7 @@ def test_same_size_corruption_of_a_large_file_is_caught(tmp_path, caplog, offset
     newest = manager.save(2, {"position": 2}, save_actor=_big_actor_save)
     assert "crc32" in json.loads((newest / MARKER).read_text())["files"]["actor/weights.bin"]
     _flip_byte(newest / "actor/weights.bin", offset)
-    with caplog.at_level(logging.WARNING, logger="sparrow.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="sparrow.train.run.checkpoint"):
         assert manager.latest_complete() == first
     assert f"{newest / 'actor/weights.bin'} fails its CRC-32 check" in caplog.text
 

@@ -1,12 +1,12 @@
 """The memory fit holds every phase to the usable bytes (the device's minus memory.headroom), not
-to the device's bytes: the cases of test_memory_fit.py with headroom > 0, on devices whose bytes
+to the device's bytes: the cases of test_fit.py with headroom > 0, on devices whose bytes
 hold the phase while their usable bytes do not."""
 
 import pytest
-from test_memory_fit import PROMPT, SHAPE, cfg
+from test_fit import PROMPT, SHAPE, cfg
 
-from sparrow.train.memory_fit import CHECKPOINTING, DeviceMemory, MemoryRefused, fit_memory
-from sparrow.train.memory_plan import plan_memory
+from sparrow.train.memory.fit import CHECKPOINTING, DeviceMemory, MemoryRefused, fit_memory
+from sparrow.train.memory.plan import plan_memory
 
 HEADROOM = 0.25
 

@@ -11,8 +11,8 @@ from typing import NamedTuple
 from sparrow.models.shape import ModelShape
 from sparrow.tasks.data import PromptDataset, PromptsTooLong, load_eval_prompts, load_prompts
 from sparrow.train.config import SparrowConfig
-from sparrow.train.context_room import context_room
-from sparrow.train.memory_fit import Fitted, fit_memory, rank_device_memory
+from sparrow.train.memory.context_budget import context_room
+from sparrow.train.memory.fit import Fitted, fit_memory, rank_device_memory
 
 
 class RunInputs(NamedTuple):

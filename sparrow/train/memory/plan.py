@@ -18,7 +18,7 @@ optimizer state, the engine's weight copy, KV pool and page summaries) plus its 
 Sizes per value: weights and gradients in the model's dtype; AdamW's m and v in fp32, plus an fp32
 master copy when the actor trains in bf16; ZeRO stage >= 1 partitions optimizer state over the
 ranks, >= 2 also gradients, 3 also weights. Activation sizes are a sketch (docstrings below);
-tests/test_memory_plan.py checks them against the GPU rehearsal's live bytes at Qwen3-1.7B.
+tests/train/memory/test_plan.py checks them against the GPU rehearsal's live bytes at Qwen3-1.7B.
 """
 
 from dataclasses import dataclass

@@ -20,10 +20,15 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from sparrow.train.metrics_logger import LoggerConfig, MetricsLogger, TensorBoardConfig, WandbConfig
-from sparrow.train.tensorboard_log import event_files
+from sparrow.train.logs.metrics_logger import (
+    LoggerConfig,
+    MetricsLogger,
+    TensorBoardConfig,
+    WandbConfig,
+)
+from sparrow.train.logs.tensorboard import event_files
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAUSE_AT = ROOT / "tests" / "train" / "pause_at.py"
 
 

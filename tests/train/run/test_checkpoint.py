@@ -16,7 +16,7 @@ from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm
 from sparrow.rl.actor import DenseActor
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.micro_batches import split_micro_batches
-from sparrow.train.checkpoint import MARKER, CheckpointManager
+from sparrow.train.run.checkpoint import MARKER, CheckpointManager
 
 STATE = {"data_position": 17, "controller": {"budgets": [4, 8]}, "metrics": {"reward": 0.5}}
 
@@ -79,7 +79,7 @@ def test_latest_complete_skips_damaged_checkpoint(tmp_path, caplog, damage, name
     manager.save(1, STATE, save_actor=fake_actor_save)
     newest = manager.save(2, STATE, save_actor=fake_actor_save)
     damage(newest)
-    with caplog.at_level(logging.WARNING, logger="sparrow.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="sparrow.train.run.checkpoint"):
         assert manager.latest_complete() == tmp_path / "step_000001"
     assert str(newest / named) in caplog.text
 
@@ -99,7 +99,7 @@ WRITER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from sparrow.train.checkpoint import CheckpointManager
+    from sparrow.train.run.checkpoint import CheckpointManager
 
     root, where = Path(sys.argv[1]), sys.argv[2]
 

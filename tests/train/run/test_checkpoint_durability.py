@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparrow.train import checkpoint
-from sparrow.train.checkpoint import MARKER, CheckpointManager, verify
+from sparrow.train.run import checkpoint
+from sparrow.train.run.checkpoint import MARKER, CheckpointManager, verify
 
 
 def _path_of(fd: int) -> str:

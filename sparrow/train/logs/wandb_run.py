@@ -5,8 +5,8 @@ W&B online without an API key or without network falls back to offline with a wa
 never dies because a dashboard is unreachable. `step` is declared the x axis of every metric,
 and the figures runs are compared by get a summary in the run table: the lowest p5 of each
 position bin (and overall), the last KV-read ratio and held-out accuracy. The p5 heat map (bin x
-step, the panel `p5_heatmap` of sparrow/train/panels.py) reads a table of every step's per-bin p5
-from the run summary, re-logged every `heatmap_every` steps and at the end.
+step, the panel `p5_heatmap` of sparrow/train/logs/panels.py) reads a table of every step's
+per-bin p5 from the run summary, re-logged every `heatmap_every` steps and at the end.
 """
 
 import fnmatch
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.train.panels import PANELS, bin_index, matches
+from sparrow.train.logs.panels import PANELS, bin_index, matches
 
 log = logging.getLogger(__name__)
 

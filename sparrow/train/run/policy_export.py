@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from sparrow.train.interruption import stop_at_once
+from sparrow.train.run.stop_outside_loop import stop_at_once
 
 
 def export_policy(actor, tokenizer, final: Path, step: int, rank: int) -> None:

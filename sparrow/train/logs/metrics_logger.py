@@ -6,7 +6,7 @@ saves a step's checkpoint after logging its row, with a copy of the row in it. O
 file is cut back to the checkpoint's step (a torn row restored from the checkpoint, see
 run_history.py), and W&B and TensorBoard get back the kept rows they lack, so every sink holds
 each step once. `sparrow-report RUN_DIR` draws the same metrics from metrics.jsonl for people
-without W&B (sparrow/train/panels.py lists the views).
+without W&B (sparrow/train/logs/panels.py lists the views).
 """
 
 import json
@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparrow.train.run_history import append_row, truncate_metrics
-from sparrow.train.tensorboard_log import TensorBoardConfig, TensorBoardLog
-from sparrow.train.wandb_run import WandbConfig, WandbRun
+from sparrow.train.logs.tensorboard import TensorBoardConfig, TensorBoardLog
+from sparrow.train.logs.wandb_run import WandbConfig, WandbRun
+from sparrow.train.run.history import append_row, truncate_metrics
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sparrow.cli.errors import run_main
-from sparrow.train.interruption import Interrupted, ignore_stop_signals, stop_at_once
+from sparrow.train.run.stop_outside_loop import Interrupted, ignore_stop_signals, stop_at_once
 
 
 def test_stop_at_once_raises_where_the_main_thread_is_and_restores_the_handlers():

@@ -10,12 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent(
     """
     import os, signal, time
-    from sparrow.train.graceful_stop import DUPLICATE_WINDOW_S, GracefulStop
+    from sparrow.train.run.stop_in_loop import DUPLICATE_WINDOW_S, GracefulStop
 
     with GracefulStop() as stop:
         os.kill(os.getpid(), signal.SIGTERM)  # SLURM's

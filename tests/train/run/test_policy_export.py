@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from sparrow.train.interruption import Interrupted
-from sparrow.train.policy_export import export_policy
+from sparrow.train.run.policy_export import export_policy
+from sparrow.train.run.stop_outside_loop import Interrupted
 
 
 class _Actor:

@@ -11,7 +11,7 @@ calls back `_sync_engine` and `steering.push` after loading.
 from dataclasses import asdict
 from pathlib import Path
 
-from sparrow.train.run_config import ResumeMismatch, check_resume, save_run_config
+from sparrow.train.run.stored_config import ResumeMismatch, check_resume, save_run_config
 
 
 class CheckpointedRun:

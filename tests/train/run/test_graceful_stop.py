@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from sparrow.train.checkpoint import verify
-from sparrow.train.graceful_stop import DUPLICATE_WINDOW_S
+from sparrow.train.run.checkpoint import verify
+from sparrow.train.run.stop_in_loop import DUPLICATE_WINDOW_S
 
-ROOT = Path(__file__).resolve().parents[2]
-PAUSE_AT = Path(__file__).with_name("pause_at.py")
+ROOT = Path(__file__).resolve().parents[3]
+PAUSE_AT = Path(__file__).resolve().parents[1] / "pause_at.py"
 STEPS = 3
 COMMON = [
     "preset=smoke",

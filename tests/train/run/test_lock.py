@@ -1,4 +1,4 @@
-"""One run per run dir (sparrow/train/run_lock.py): a second launch beside a live one exits 2 with
+"""One run per run dir (sparrow/train/run/lock.py): a second launch beside a live one exits 2 with
 one line naming the holder; a lock file left by a SIGKILLed holder blocks nothing; a filesystem
 without locks is said in one line. Slow: two real `sparrow-train` launches at once on one run
 dir, of which exactly one trains."""
@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from sparrow.cli.train import main
-from sparrow.train.run_lock import FILE_NAME, RunDirBusy, RunDirLock
+from sparrow.train.run.lock import FILE_NAME, RunDirBusy, RunDirLock
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 HOLD = textwrap.dedent(
     """
     import sys, time
-    from sparrow.train.run_lock import RunDirLock
+    from sparrow.train.run.lock import RunDirLock
     RunDirLock(sys.argv[1]).acquire()
     print("held", flush=True)
     time.sleep(600)
@@ -96,7 +96,7 @@ def test_a_filesystem_without_locks_is_said_once_and_the_run_goes_on(tmp_path, m
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    with caplog.at_level(logging.WARNING, logger="sparrow.train.run_lock"):
+    with caplog.at_level(logging.WARNING, logger="sparrow.train.run.lock"):
         assert RunDirLock(tmp_path).acquire() is False
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "has no file locks" in lines[0] and str(tmp_path) in lines[0]

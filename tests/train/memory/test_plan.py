@@ -1,4 +1,4 @@
-"""The memory plan (sparrow/train/memory_plan.py) by hand on a tiny config, against the models'
+"""The memory plan (sparrow/train/memory/plan.py) by hand on a tiny config, against the models'
 real parameter counts, and against the GPU rehearsal's live bytes at Qwen3-1.7B."""
 
 from dataclasses import replace
@@ -15,7 +15,7 @@ from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.actor_memory import LOGPROB_COPIES, STEP_COPIES, micro_batch_activation_bytes
 from sparrow.rollout.engine import EngineConfig
 from sparrow.train.config import RLConfig, RolloutConfig, SparrowConfig
-from sparrow.train.memory_plan import GiB, parameter_count, plan_memory
+from sparrow.train.memory.plan import GiB, parameter_count, plan_memory
 
 TINY = ModelShape.from_hf_config(tiny_model_config("qwen3"))  # 4 layers, H 64, I 128, KV 2 x 16
 

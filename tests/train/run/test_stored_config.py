@@ -18,7 +18,7 @@ TINY = ["preset=tiny", "rl.eval.every=0", "rl.save_every=1"]
 
 
 def test_only_run_changing_keys_differ():
-    from sparrow.train.run_config import differing_keys
+    from sparrow.train.run.stored_config import differing_keys
 
     base = SparrowConfig()
     changed = replace(
@@ -33,7 +33,12 @@ def test_only_run_changing_keys_differ():
 
 
 def test_resume_with_another_config_is_refused_unless_allowed(tmp_path):
-    from sparrow.train.run_config import FILE_NAME, ResumeMismatch, check_resume, save_run_config
+    from sparrow.train.run.stored_config import (
+        FILE_NAME,
+        ResumeMismatch,
+        check_resume,
+        save_run_config,
+    )
 
     base = SparrowConfig()
     save_run_config(tmp_path, asdict(base))
