@@ -36,8 +36,9 @@ class SandboxError(RuntimeError):
     """The call raised in the worker, or the worker died; the message says which."""
 
 
-def _serve(read_fd: int, write_fd: int, die_with_parent: bool) -> None:
-    """Worker main loop: take sys.path and `init`, say ready, then answer (fn, args) until EOF."""
+def worker_main(read_fd: int, write_fd: int, die_with_parent: bool) -> None:
+    """The worker process's main loop, run by `python -c` in the child: take sys.path and
+    `init`, say ready, then answer (fn, args) until EOF."""
     if die_with_parent:
         # Linux: the kernel kills this worker when the thread that started it exits, so a
         # worker stuck in a runaway evaluation does not outlive a killed trainer. Only asked
@@ -74,8 +75,8 @@ class _Worker:
         parent_read, child_write = os.pipe()
         die_with_parent = threading.current_thread() is threading.main_thread()
         code = (
-            "from sparrow.tasks.sandbox import _serve; "
-            f"_serve({child_read}, {child_write}, {die_with_parent})"
+            "from sparrow.tasks.sandbox import worker_main; "
+            f"worker_main({child_read}, {child_write}, {die_with_parent})"
         )
         self.process = subprocess.Popen(
             [sys.executable, "-c", code],
