@@ -44,7 +44,7 @@ from sparrow.rollout.dense_kv import DenseKVCopy
 
 @dataclass
 class SparseAttentionConfig:
-    page_size: int = 16  # tokens per KV page
+    page_size: int  # tokens per KV page: the engine's (EngineConfig.page_size), no default here
     dense_layers: tuple[int, ...] = (0, 1)  # layers that always attend to every page
     score: str = "quest"  # page score of the sparse layers: "quest" | "centroid"
     num_sink: int = 1  # first pages always kept (attention sink)
