@@ -3,7 +3,9 @@
 generators.py      the embedded, seeded task generator (arithmetic, long-context lookup, chain)
 chain.py           the long-generation task: an addition chain worked out line by line
 data.py            DataConfig, prompt datasets (embedded, JSONL, HF), the batch iterator
-rewards.py         the reward interface, registry, the guard and batch scoring
+rewards.py         the reward config, the registry of rewards by name, build_reward
+reward_guard.py    the guard (failures and overruns counted, scored 0) and batch scoring
+user_reward.py     a user's reward function named by rl.reward.function (file or module)
 reward_result.py   what a reward returns, and its timeout
 math_verifier.py   answer extraction and math-verify equivalence
 sandbox.py         a killable worker process for reward calls under a deadline

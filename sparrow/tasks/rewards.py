@@ -1,27 +1,39 @@
-"""Reward functions: the interface, the guard that keeps a bad reward from killing a run, batch
-scoring, and the registry of rewards by name.
+"""Reward functions: the config, the registry of rewards by name, and `build_reward`.
 
 A reward function is any callable `(prompt, completion, reference) -> RewardResult` (a plain
-float or bool is accepted too). `GuardedReward` wraps one: an exception, a `RewardTimeout`, a
-deadline overrun or a non-finite score is counted in `RewardStats` and scores 0, so a faulty
-reward degrades a step's signal instead of ending the run. `score_batch` scores a whole rollout
-and returns the scores as a tensor with the step's counts.
+float or bool is accepted too). `build_reward` wraps the one the config names in the guard of
+reward_guard.py (failures and overruns counted and scored 0), which this module re-exports with
+batch scoring.
 
-Registered rewards: "math" (math_verifier.MathVerifier, the default), "exact_match", and "chain"
-(chain.chain_reward: partial credit for the chain task's working).
+Registered rewards: "math" (math_verifier.MathVerifier, the default), "exact_match", "chain"
+(chain.chain_reward: partial credit for the chain task's working) and "length" (plumbing). A
+user's own function is named by `function` instead (user_reward.py): no registration, no edit of
+sparrow.
 """
 
-import math
 import re
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from sparrow.tasks.chain import chain_reward
-from sparrow.tasks.reward_result import RewardFn, RewardResult, RewardTimeout
+from sparrow.tasks.reward_guard import BatchScores, GuardedReward, RewardStats, score_batch
+from sparrow.tasks.reward_result import RewardFn, RewardResult
+from sparrow.tasks.user_reward import build_user_reward
+
+__all__ = [
+    "REWARDS",
+    "BatchScores",
+    "GuardedReward",
+    "RewardConfig",
+    "RewardResult",
+    "RewardStats",
+    "build_reward",
+    "exact_match",
+    "length_reward",
+    "register_reward",
+    "score_batch",
+]
 
 
 @dataclass
@@ -31,122 +43,18 @@ class RewardConfig:
     answer_fallback: str = (
         "last_number"  # math: without a \boxed{}, use the last number ("none": 0)
     )
-
-
-@dataclass
-class RewardStats:
-    calls: int = 0  # completions scored
-    errors: int = 0  # the reward raised or returned a non-finite score
-    timeouts: int = 0  # the reward ran past its deadline
-    last_error: str | None = None  # message of the most recent error or timeout
-
-    def add(self, other: "RewardStats") -> None:
-        self.calls += other.calls
-        self.errors += other.errors
-        self.timeouts += other.timeouts
-        self.last_error = other.last_error or self.last_error
-
-    def as_metrics(self) -> dict[str, float]:
-        """Counts for the step logger."""
-        return {
-            "reward/calls": float(self.calls),
-            "reward/errors": float(self.errors),
-            "reward/timeouts": float(self.timeouts),
-        }
-
-
-class GuardedReward:
-    """A reward function that never raises and never runs past `timeout_s`.
-
-    Rewards that enforce their own deadline (`enforces_timeout = True`, e.g. the math verifier)
-    are called directly; others run in a daemon thread that is abandoned at the deadline. A
-    thread cannot be killed, and one stuck inside a C call that holds the GIL stalls the caller
-    too, which is why the math verifier uses a killable worker process instead.
-    """
-
-    def __init__(self, fn: RewardFn, name: str, timeout_s: float | None = 5.0):
-        self.fn = fn
-        self.name = name
-        self.timeout_s = None if getattr(fn, "enforces_timeout", False) else timeout_s
-        self.stats = RewardStats()  # totals over the guard's lifetime
-
-    def __call__(self, prompt: str, completion: str, reference: str) -> RewardResult:
-        return self.score(prompt, completion, reference, self.stats)
-
-    def score(
-        self, prompt: str, completion: str, reference: str, stats: RewardStats
-    ) -> RewardResult:
-        """Score one completion, counting the call and any failure into `stats`."""
-        stats.calls += 1
-        try:
-            result = self._call(prompt, completion, reference)
-            if not isinstance(result, RewardResult):
-                result = RewardResult(float(result))
-            if not math.isfinite(result.score):
-                raise ValueError(f"non-finite score {result.score}")
-            return result
-        except TimeoutError as e:  # RewardTimeout included
-            stats.timeouts += 1
-            stats.last_error = f"{self.name}: {e}"
-            return RewardResult(0.0, {"timeout": 1.0})
-        except Exception as e:  # any failure of user code scores 0; the count shows it
-            stats.errors += 1
-            stats.last_error = f"{self.name}: {type(e).__name__}: {e}"
-            return RewardResult(0.0, {"error": 1.0})
-
-    def _call(self, prompt: str, completion: str, reference: str) -> RewardResult | float:
-        if self.timeout_s is None:
-            return self.fn(prompt, completion, reference)
-        outcome: list = []
-
-        def target() -> None:
-            try:
-                outcome.append(("ok", self.fn(prompt, completion, reference)))
-            except Exception as e:
-                outcome.append(("error", e))
-
-        worker = threading.Thread(target=target, daemon=True, name=f"reward-{self.name}")
-        worker.start()
-        worker.join(self.timeout_s)
-        if not outcome:
-            raise RewardTimeout(f"took over {self.timeout_s} s")
-        status, value = outcome[0]
-        if status == "error":
-            raise value
-        return value
-
-    def close(self) -> None:
-        if hasattr(self.fn, "close"):
-            self.fn.close()
-
-
-@dataclass
-class BatchScores:
-    scores: torch.Tensor  # (N,) float32, one per completion
-    extras: list[dict[str, Any]]  # per completion, from the reward
-    stats: RewardStats  # counts for this batch only (the guard keeps the totals)
-
-
-def score_batch(
-    reward: GuardedReward,
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    references: Sequence[str],
-) -> BatchScores:
-    """Score N completions (prompts and references repeated per completion, e.g. per group)."""
-    if not len(prompts) == len(completions) == len(references):
-        raise ValueError(
-            f"score_batch needs equal lengths, got {len(prompts)} prompts, "
-            f"{len(completions)} completions, {len(references)} references"
-        )
-    stats = RewardStats()
-    results = [
-        reward.score(p, c, r, stats)
-        for p, c, r in zip(prompts, completions, references, strict=True)
-    ]
-    reward.stats.add(stats)
-    scores = torch.tensor([r.score for r in results], dtype=torch.float32)  # (N,)
-    return BatchScores(scores, [r.extras for r in results], stats)
+    # A reward of your own, used instead of `name`: "path/to/file.py:fn" (a path from the current
+    # directory) or "package.module:fn", called as fn(prompt, completion, reference, **kwargs) ->
+    # float | RewardResult under the same guard. Checked before any model is loaded: a missing
+    # file or function, an import error or a signature that does not fit exits 2 in one line.
+    function: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of `function`
+    # true: fn(prompts, completions, references, **kwargs) -> one score per completion, one call
+    # per batch (TRL's and verl's batched form), with a deadline of timeout_s per completion
+    batched: bool = False
+    # true: `function` runs in a worker process that imports the file itself and is killed at the
+    # deadline (a hang inside C code, a crash or a leak cannot take the trainer with it)
+    isolate: bool = False
 
 
 def exact_match(prompt: str, completion: str, reference: str) -> RewardResult:
@@ -194,7 +102,10 @@ def register_reward(name: str, factory: Callable[[RewardConfig], RewardFn]) -> N
 
 
 def build_reward(cfg: RewardConfig) -> GuardedReward:
-    """The guarded reward named by `cfg.name`."""
+    """The guarded reward: the user's `cfg.function` when set, else the one named by `cfg.name`."""
+    if cfg.function:
+        fn = build_user_reward(cfg.function, cfg.kwargs, cfg.batched, cfg.isolate, cfg.timeout_s)
+        return GuardedReward(fn, cfg.function, timeout_s=cfg.timeout_s, batched=cfg.batched)
     if cfg.name not in REWARDS:
         raise ValueError(f"unknown reward {cfg.name!r}; registered: {sorted(REWARDS)}")
     return GuardedReward(REWARDS[cfg.name](cfg), cfg.name, timeout_s=cfg.timeout_s)
