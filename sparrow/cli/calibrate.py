@@ -197,7 +197,8 @@ def run_offline(engine, prompts, budgets, params, cfg, args, out: Path, data) ->
         sched_cfg,
         out / "schedule.yaml",
         f"sparrow-calibrate: {cfg.model.name}, {data.source}, tau {tau}, "
-        f"{args.prompts} prompts x {args.samples} samples per budget, min {min_tokens} tokens",
+        f"{args.prompts} prompts x {args.samples} samples per budget, min {min_tokens} tokens\n"
+        f"budgets in pages of {cfg.rollout.engine.page_size} tokens (rollout.engine.page_size)",
     )
     result = {
         "tau": tau,

@@ -92,14 +92,7 @@ class OnlineController:
     def update(self, stats: "Sequence[BinStats]") -> BudgetSchedule:
         """Apply one step's per-bin stats (the monitor's `AcceptanceResult.stats`)."""
         cfg, grid = self.cfg, self.schedule.grid_pages
-        by_bin = {}
-        for s in stats:
-            if s.end_token - s.start_token != self.schedule.bin_tokens:
-                raise ValueError(
-                    f"monitor bins are {s.end_token - s.start_token} tokens wide, "
-                    f"schedule bins {self.schedule.bin_tokens}: configure the same width"
-                )
-            by_bin[s.bin_index] = s
+        by_bin = {s.bin_index: s for s in stats}  # the monitor bins by the schedule's bin_tokens
         observed = [b for b, s in by_bin.items() if s.count >= cfg.min_tokens]
         old = list(self.schedule.budgets_pages)
         n = max([len(old), *(b + 1 for b in observed)])

@@ -20,7 +20,6 @@ import torch
 
 from sparrow.control.schedule import BudgetSchedule
 from sparrow.models.shape import ModelShape
-from sparrow.rollout.engine import EngineConfig
 
 
 def weights_read(shape: ModelShape) -> int:
@@ -32,17 +31,19 @@ def weights_read(shape: ModelShape) -> int:
 
 @dataclass
 class CostConfig:
+    page_size: int  # tokens per KV page: the engine's (rollout.engine.page_size)
     flops_per_byte: float = 206.0  # I: hardware FLOPs per byte of memory traffic (H200 ~206)
     num_dense_layers: int = 2  # leading layers that stay dense (Sparrow: layers 0 and 1)
     summary_vectors_per_page: int = 1  # key vectors per page summary: 1 mean key, 2 Quest min/max
     dtype_bytes: int = 2  # bytes per weight, KV and summary element (bf16)
 
 
-def engine_cost_config(engine: EngineConfig) -> CostConfig:
-    """The cost model of the engine that rolls out: its dense layers and its dtype (bf16 on the
-    GPU presets reads half the bytes of the CPU default's fp32)."""
-    dtype_bytes = torch.empty((), dtype=getattr(torch, engine.dtype)).element_size()
-    return CostConfig(num_dense_layers=len(engine.dense_layers), dtype_bytes=dtype_bytes)
+def engine_cost_config(page_size: int, num_dense_layers: int, dtype: str) -> CostConfig:
+    """The cost model of the engine that rolls out, from its page size, its number of dense
+    layers and its dtype name (bf16 on the GPU presets reads half the bytes of the CPU default's
+    fp32)."""
+    dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return CostConfig(page_size, num_dense_layers=num_dense_layers, dtype_bytes=dtype_bytes)
 
 
 @dataclass
@@ -74,8 +75,8 @@ def decode_cost(
     for t in range(prompt_tokens, prompt_tokens + output_tokens):
         read_tokens += num_dense * t
         if num_sparse:
-            pages = -(-t // schedule.page_size)
-            read_tokens += num_sparse * min(schedule.budget_tokens(t), t)
+            pages = -(-t // cfg.page_size)
+            read_tokens += num_sparse * min(schedule.budget_pages(t) * cfg.page_size, t)
             summary_pages += num_sparse * pages
     params = weights_read(shape)
     compute = batch_size * (

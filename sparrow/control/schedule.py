@@ -2,15 +2,16 @@
 length (Sparrow's dynamic schedule, one value per position bin).
 
 The token at absolute position t is produced attending over t context tokens, so its budget is
-`budget_pages(t)`, and the monitor bins it as t // bin_tokens: schedule and monitor bins agree.
-Past the last listed bin the last budget applies.
+`budget_pages(t)`, and the monitor bins it as t // bin_tokens: the monitor is given the schedule's
+`bin_tokens`, so the two bin alike. Budgets count pages of the engine's page size
+(rollout.engine.page_size, the one place it is set). Past the last listed bin the last budget
+applies.
 
 The YAML form (conf/schedule/*.yaml) is a flat mapping of `ScheduleConfig` fields, valid both for
 `load_schedule_config` and as a Hydra config-group file:
 
     mode: fixed
     bin_tokens: 2000
-    page_size: 16
     budgets_pages: [32, 64, 96]
     grid_pages: [32, 64, 96, 128]
 
@@ -30,10 +31,14 @@ DEFAULT_GRID_PAGES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 @dataclass
 class ScheduleConfig:
     mode: str = "fixed"  # dense: no sparsity; fixed: budgets as listed; online: controller adapts
-    bin_tokens: int = 2000  # width of a schedule bin in context tokens (the paper uses 2,000)
-    page_size: int = 16  # tokens per KV page
+    # Width of a schedule bin in context tokens (the paper uses 2,000); the monitor's bins too.
+    bin_tokens: int = 2000
     budgets_pages: list[int] = field(default_factory=list)  # pages per bin; last one extends
     grid_pages: list[int] = field(default_factory=lambda: list(DEFAULT_GRID_PAGES))  # steps
+
+    def __post_init__(self):  # in every mode: a dense run's monitor bins by it too
+        if self.bin_tokens <= 0:
+            raise ValueError(f"schedule.bin_tokens must be positive, got {self.bin_tokens}")
 
 
 @dataclass(frozen=True)
@@ -41,10 +46,9 @@ class BudgetSchedule:
     bin_tokens: int  # width of a bin in context tokens
     budgets_pages: tuple[int, ...]  # pages per sparse layer for each bin, non-decreasing
     grid_pages: tuple[int, ...] = DEFAULT_GRID_PAGES  # budgets the controller steps between
-    page_size: int = 16  # tokens per KV page
 
     def __post_init__(self):
-        validate(self.bin_tokens, self.page_size, self.budgets_pages, self.grid_pages)
+        validate(self.bin_tokens, self.budgets_pages, self.grid_pages)
 
     @property
     def num_bins(self) -> int:
@@ -59,28 +63,19 @@ class BudgetSchedule:
         attends densely when this is >= the context's page count."""
         return self.budgets_pages[min(self.bin_of(context_tokens), self.num_bins - 1)]
 
-    def budget_tokens(self, context_tokens: int) -> int:
-        return self.budget_pages(context_tokens) * self.page_size
-
     def with_budgets(self, budgets_pages: list[int] | tuple[int, ...]) -> "BudgetSchedule":
-        return BudgetSchedule(
-            self.bin_tokens, tuple(budgets_pages), self.grid_pages, self.page_size
-        )
+        return BudgetSchedule(self.bin_tokens, tuple(budgets_pages), self.grid_pages)
 
     def to_config(self, mode: str = "fixed") -> ScheduleConfig:
         return ScheduleConfig(
-            mode, self.bin_tokens, self.page_size, list(self.budgets_pages), list(self.grid_pages)
+            mode, self.bin_tokens, list(self.budgets_pages), list(self.grid_pages)
         )
 
 
-def validate(
-    bin_tokens: int, page_size: int, budgets_pages: tuple[int, ...], grid_pages: tuple[int, ...]
-) -> None:
+def validate(bin_tokens: int, budgets_pages: tuple[int, ...], grid_pages: tuple[int, ...]) -> None:
     """Raise ValueError with a one-line reason if the schedule is malformed."""
-    if bin_tokens <= 0 or page_size <= 0:
-        raise ValueError(
-            f"bin_tokens and page_size must be positive, got {bin_tokens}, {page_size}"
-        )
+    if bin_tokens <= 0:
+        raise ValueError(f"bin_tokens must be positive, got {bin_tokens}")
     if not budgets_pages:
         raise ValueError("budgets_pages is empty: give at least one budget (or mode: dense)")
     bad = [b for b in budgets_pages if not isinstance(b, int) or b <= 0]
@@ -104,9 +99,7 @@ def build_schedule(cfg: ScheduleConfig) -> BudgetSchedule | None:
         raise ValueError(f"schedule mode must be one of {MODES}, got {cfg.mode!r}")
     if cfg.mode == "dense":
         return None
-    return BudgetSchedule(
-        cfg.bin_tokens, tuple(cfg.budgets_pages), tuple(cfg.grid_pages), cfg.page_size
-    )
+    return BudgetSchedule(cfg.bin_tokens, tuple(cfg.budgets_pages), tuple(cfg.grid_pages))
 
 
 def load_schedule_config(path: str | Path) -> ScheduleConfig:
@@ -114,6 +107,11 @@ def load_schedule_config(path: str | Path) -> ScheduleConfig:
     data = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a schedule file must be a mapping of ScheduleConfig fields")
+    if "page_size" in data:  # schedule files before issue 48 held a copy of the engine's
+        raise ValueError(
+            f"{path}: page_size is no schedule key: the page size is rollout.engine.page_size "
+            "alone; delete the line"
+        )
     known = {f.name for f in fields(ScheduleConfig)}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -1,7 +1,7 @@
 """The monitor: how far the sparse rollout policy is from the dense policy the trainer updates,
 measured on each step's own tokens. The trainer calls it twice per step:
 
-    monitor = Monitor(cfg.monitor, engine, actor.model, ranks, sampling, group_size, cfg.actor)
+    monitor = Monitor(cfg.monitor, cfg.schedule.bin_tokens, engine, actor.model, ranks, ...)
     plan = monitor.plan(num_prompts, dense_is_theta)  # before the rollout
     ...  # engine.generate(..., schedules=plan.schedules, logits_rows=plan.logit_rows)
     result = monitor.measure(step, prompt_ids, batch, plan, dense, engine.last_stats)
@@ -34,6 +34,7 @@ class Monitor:
     def __init__(
         self,
         cfg: MonitorConfig,
+        bin_tokens: int,
         engine,
         dense_model,
         ranks: Ranks,
@@ -42,19 +43,22 @@ class Monitor:
         actor_cfg: ActorConfig,
         speedup_seed: Callable[[int], int],
     ):
-        """`engine`: the rollout engine (its schedule, its replay of rows without kept logits);
-        `dense_model`: the actor's HF model; `sampling`: the rollout's SamplingParams, `group_size`
-        samples per prompt (the speedup probe re-rolls out with both); `actor_cfg`: the dense
-        log-prob pass's micro-batching, which the exact acceptance's dense pass repeats;
-        `speedup_seed(step)`: the speedup probe's sampling seed (a stream of the run's seed)."""
+        """`bin_tokens`: the position-bin width, the schedule's (schedule.bin_tokens), so that the
+        controller reads bins of its own width; `engine`: the rollout engine (its schedule, its
+        replay of rows without kept logits); `dense_model`: the actor's HF model; `sampling`: the
+        rollout's SamplingParams, `group_size` samples per prompt (the speedup probe re-rolls out
+        with both); `actor_cfg`: the dense log-prob pass's micro-batching, which the exact
+        acceptance's dense pass repeats; `speedup_seed(step)`: the speedup probe's sampling seed
+        (a stream of the run's seed)."""
         self.cfg = cfg
+        self.bin_tokens = bin_tokens
         self.engine = engine
         self.dense_model = dense_model
         self.sampling = sampling
         self.group_size = group_size
         self.actor_cfg = actor_cfg
         self.speedup_seed = speedup_seed
-        self.metrics = AcceptanceMetrics(cfg.bin_tokens, ranks)
+        self.metrics = AcceptanceMetrics(bin_tokens, ranks)
 
     def plan(self, num_prompts: int, dense_is_theta: bool) -> RolloutPlan:
         """The rows of this step's rollout of `num_prompts` prompts that decode densely and that
@@ -99,10 +103,9 @@ class Monitor:
             batch.sampled_logprobs,
             dense.token_logprobs,
             sparse_tokens,
-            self.cfg.bin_tokens,
+            self.bin_tokens,
             self.metrics.ranks,
         )
-        batch.rollout_logits = None
         result.metrics |= speedup
         return result
 

@@ -20,7 +20,8 @@ class ScheduleSteering:
         self.engine, self.shape, self.ranks = engine, shape, ranks
         self.tau = cfg.controller.tau
         self.page_size = cfg.rollout.engine.page_size
-        self.cost = engine_cost_config(cfg.rollout.engine)  # the engine's dtype, dense layers
+        eng = cfg.rollout.engine
+        self.cost = engine_cost_config(eng.page_size, len(eng.dense_layers), eng.dtype)
         self.push()
 
     def push(self) -> None:

@@ -69,7 +69,7 @@ def test_sparrow_calibrate_writes_a_monotone_schedule(tmp_path, capsys):
     rc = calibrate.main(
         [
             "preset=tiny",
-            "schedule.page_size=4",
+            "rollout.engine.page_size=4",
             "schedule.bin_tokens=8",
             "rollout.max_new_tokens=12",
             "--budgets",

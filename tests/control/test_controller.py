@@ -115,14 +115,8 @@ def test_state_round_trip_continues_identically():
         b.load_state_dict({"budgets_pages": [4, 8], "over_safe": [0]})
 
 
-def test_bin_width_mismatch_is_an_error():
-    c = _ctl([8])
-    with pytest.raises(ValueError, match="same width"):
-        c.update([BinStats(0, 0, 2 * W, 50, 0.5, 0.5, 0.5, 0.5)])
-
-
 def test_factory_modes():
-    sc = ScheduleConfig("fixed", W, 16, [8, 16], list(GRID))
+    sc = ScheduleConfig("fixed", W, [8, 16], list(GRID))
     fixed = make_controller(sc, CFG)
     assert isinstance(fixed, FixedController)
     assert fixed.update(_stats({0: BAD})).budgets_pages == (8, 16)

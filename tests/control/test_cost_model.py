@@ -14,7 +14,6 @@ from sparrow.control.cost_model import (
 )
 from sparrow.control.schedule import BudgetSchedule
 from sparrow.models.shape import ModelShape
-from sparrow.rollout.engine import EngineConfig
 
 TINY = ModelShape(
     num_layers=2,
@@ -25,13 +24,15 @@ TINY = ModelShape(
     head_dim=2,
     vocab_size=10,
 )
-CFG = CostConfig(flops_per_byte=10.0, num_dense_layers=1, summary_vectors_per_page=1, dtype_bytes=2)
+CFG = CostConfig(
+    16, flops_per_byte=10.0, num_dense_layers=1, summary_vectors_per_page=1, dtype_bytes=2
+)
 # Qwen3-1.7B's shape.
 QWEN3_1P7B = ModelShape(28, 2048, 6144, 16, 8, 128, 151936)
 
 
 def _sched(pages):
-    return BudgetSchedule(bin_tokens=2000, budgets_pages=(pages,), page_size=16)
+    return BudgetSchedule(bin_tokens=2000, budgets_pages=(pages,))
 
 
 def test_hand_computed_case():
@@ -50,6 +51,13 @@ def test_hand_computed_case():
         656 + 256 + 128 + 8,
     )
     assert predicted_speedup(TINY, 32, 1, 1, _sched(1), CFG) == pytest.approx(13360 / 11920)
+    # The same 16 tokens as 2 pages of 8 (the engine's page size, read from the config): 4 page
+    # summaries instead of 2.
+    half_pages = decode_cost(TINY, 32, 1, 1, _sched(2), replace(CFG, page_size=8))
+    assert (half_pages.compute_flops, half_pages.memory_bytes) == (
+        656 + 512 + 256 + 32,
+        656 + 256 + 128 + 16,
+    )
 
 
 def test_batch_amortises_parameter_reads():
@@ -59,13 +67,13 @@ def test_batch_amortises_parameter_reads():
 
 
 def test_budget_covering_all_pages_costs_only_the_summaries():
-    cfg = CostConfig()
+    cfg = CostConfig(page_size=16)
     ratio = predicted_speedup(QWEN3_1P7B, 4096, 2048, 64, _sched(1024), cfg)  # 6K < 16K tokens
     assert 0.97 < ratio < 1.0
 
 
 def test_speedup_falls_as_budget_grows_and_rises_with_context():
-    cfg = CostConfig()
+    cfg = CostConfig(page_size=16)
     speedups = [
         predicted_speedup(QWEN3_1P7B, 8192, 4096, 64, _sched(p), cfg) for p in (32, 64, 128, 256)
     ]
@@ -76,9 +84,9 @@ def test_speedup_falls_as_budget_grows_and_rises_with_context():
 
 
 def test_the_engines_bf16_halves_the_kv_bytes_charged():
-    fp32, bf16 = (engine_cost_config(EngineConfig(dtype=d)) for d in ("float32", "bfloat16"))
+    fp32, bf16 = (engine_cost_config(16, 2, d) for d in ("float32", "bfloat16"))
     assert (fp32.dtype_bytes, bf16.dtype_bytes) == (4, 2)
-    assert fp32.num_dense_layers == len(EngineConfig().dense_layers)
+    assert (fp32.page_size, fp32.num_dense_layers) == (16, 2)
 
     def kv_bytes(cfg):  # the bytes one more token of context adds: K/V, not weights
         longer = decode_cost(QWEN3_1P7B, 4097, 1, 8, None, cfg).memory_bytes

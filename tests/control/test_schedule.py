@@ -17,7 +17,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "schedule"
 
 
 def test_budget_per_bin_and_past_the_last_bin():
-    s = BudgetSchedule(bin_tokens=100, budgets_pages=(4, 8, 8, 32), page_size=16)
+    s = BudgetSchedule(bin_tokens=100, budgets_pages=(4, 8, 8, 32))
     assert [s.budget_pages(t) for t in (0, 99, 100, 250, 399, 400, 10_000)] == [
         4,
         4,
@@ -27,7 +27,6 @@ def test_budget_per_bin_and_past_the_last_bin():
         32,
         32,
     ]
-    assert s.budget_tokens(150) == 128
     assert s.with_budgets([8, 8]).budget_pages(1000) == 8
 
 
@@ -46,10 +45,12 @@ def test_grid_and_mode_validation():
     with pytest.raises(ValueError, match="mode"):
         build_schedule(ScheduleConfig(mode="sparse", budgets_pages=[4]))
     assert build_schedule(ScheduleConfig(mode="dense")) is None
+    with pytest.raises(ValueError, match="schedule.bin_tokens must be positive"):
+        ScheduleConfig(mode="dense", bin_tokens=0)  # the monitor bins by it in every mode
 
 
 def test_yaml_round_trip(tmp_path):
-    cfg = ScheduleConfig("online", 500, 16, [4, 8, 64], [4, 8, 16, 32, 64])
+    cfg = ScheduleConfig("online", 500, [4, 8, 64], [4, 8, 16, 32, 64])
     path = tmp_path / "s.yaml"
     save_schedule_config(cfg, path, comment="calibrated\non a tiny model")
     assert path.read_text().startswith("# calibrated\n# on a tiny model\n")
@@ -66,6 +67,10 @@ def test_load_rejects_unknown_keys_and_bad_schedules(tmp_path):
         load_schedule_config(bad)
     bad.write_text("mode: fixed\nbin_tokens: 100\nbudgets_pages: [8, 4]\n")
     with pytest.raises(ValueError, match=r"bad\.yaml: budgets_pages must be non-decreasing"):
+        load_schedule_config(bad)
+    # The page size is the engine's alone (issue 48): an old file's copy is named, not ignored.
+    bad.write_text("mode: fixed\nbin_tokens: 100\npage_size: 16\nbudgets_pages: [4]\n")
+    with pytest.raises(ValueError, match="page_size is no schedule key.*rollout.engine.page_size"):
         load_schedule_config(bad)
 
 

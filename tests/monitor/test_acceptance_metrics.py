@@ -10,7 +10,6 @@ import torch
 
 from sparrow.distributed import Ranks
 from sparrow.monitor.acceptance_metrics import AcceptanceMetrics, ExactAcceptance
-from sparrow.monitor.config import MonitorConfig
 
 
 def _batch_and_dense():
@@ -45,8 +44,3 @@ def test_metrics_keep_the_noise_floor_apart_from_the_controllers_stats():
     assert m["accept_topk/mean"] == pytest.approx(0.3)
     assert m["accept_topk/count/bin0"] + m["accept_topk/count/bin1"] == 8
     assert result.histograms["accept/histogram"] == pytest.approx([0.5, 0.7, 0.9, 0.9])
-
-
-def test_monitor_config_refuses_an_empty_bin():
-    with pytest.raises(ValueError, match="bin_tokens"):
-        MonitorConfig(bin_tokens=0)

@@ -96,8 +96,8 @@ def rehearse_trainer(
         keys = ("input_ids", "attention_mask", "prompt_lens", "group_ids")
         ids, mask, prompt_lens, group_ids = (mb[k].to("cuda") for k in keys)
         with h.live.phase("actor log-probs"), torch.no_grad():
-            scores = policy(ids, mask, cfg.monitor.top_k, cfg.rollout.temperature, prompt_lens,
-                            group_ids)  # fmt: skip
+            scores = policy(ids, mask, cfg.rollout.engine.topk_logprobs, cfg.rollout.temperature,
+                            prompt_lens, group_ids)  # fmt: skip
 
         # 2. The actor's weights into the engine.
         engine = LLMEngine(actor_gpu, tiny_tokenizer(), cfg.rollout.engine)
@@ -133,8 +133,8 @@ def rehearse_trainer(
             completion_mask=short["completion_mask"],
             prompt_lens=short["prompt_lens"],
             sampled_logprobs=short["rollout_logprobs"],
-            topk_ids=torch.zeros(1, length, cfg.monitor.top_k, dtype=torch.long),
-            topk_logprobs=torch.zeros(1, length, cfg.monitor.top_k),
+            topk_ids=torch.zeros(1, length, cfg.rollout.engine.topk_logprobs, dtype=torch.long),
+            topk_logprobs=torch.zeros(1, length, cfg.rollout.engine.topk_logprobs),
             budget_pages=torch.where(short["completion_mask"], budgets, 0).to(torch.int32),
             group_ids=short["group_ids"],
             finish_reasons=["length"],
