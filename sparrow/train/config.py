@@ -49,14 +49,23 @@ class EvalConfig:
     every: int = 0  # evaluate held-out accuracy every this many steps (and before/after); 0: off
     split: str = "heldout"  # data split used for evaluation
     num_prompts: int = 200  # held-out prompts evaluated (all of them if fewer)
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # 0: greedy; with samples > 1, the temperature of the k samples
     max_new_tokens: int = 48  # completion length cap at evaluation
+    # k > 1: also k samples per prompt at `temperature`, scored as pass@j (j = 2, 4, ..., k) and
+    # mean@k beside the greedy accuracy (sparrow/train/evaluation.py); 1: accuracy alone.
+    samples: int = 1
 
     def __post_init__(self):
         if self.every < 0 or self.num_prompts < 0 or self.temperature < 0:
             raise ValueError(
                 "rl.eval.every, rl.eval.num_prompts and rl.eval.temperature must be >= 0, got "
                 f"{self.every}, {self.num_prompts}, {self.temperature}"
+            )
+        if self.samples < 1 or (self.samples > 1 and self.temperature == 0):
+            raise ValueError(
+                f"rl.eval.samples={self.samples} at rl.eval.temperature={self.temperature}: "
+                "samples must be >= 1, and k > 1 samples need a temperature > 0 (greedy ones "
+                "are all the same), e.g. rl.eval.temperature=0.6"
             )
         if self.max_new_tokens < 1:
             raise ValueError(f"rl.eval.max_new_tokens must be >= 1, got {self.max_new_tokens}")
@@ -189,25 +198,3 @@ class SparrowConfig:
                 f"tokens, no room for a prompt plus a {completion}-token completion: raise "
                 "rollout.engine.num_pages"
             )
-        check_shared_knobs(self)
-
-
-def check_shared_knobs(cfg: SparrowConfig) -> None:
-    """Refuse, in one line, a run whose components would disagree about a knob they share.
-
-    conf/ derives each from one place (the engine's page size from the schedule, the monitor's
-    bins from the schedule, the engine's recorded top-K from the monitor); an override of one
-    copy alone lands here instead of running with a silent mismatch (e.g. the cost model
-    converting pages to tokens with the wrong page size).
-    """
-    shared = [
-        ("rollout.engine.page_size", cfg.rollout.engine.page_size, "schedule.page_size",
-         cfg.schedule.page_size),
-        ("monitor.bin_tokens", cfg.monitor.bin_tokens, "schedule.bin_tokens",
-         cfg.schedule.bin_tokens),
-        ("rollout.engine.topk_logprobs", cfg.rollout.engine.topk_logprobs, "monitor.top_k",
-         cfg.monitor.top_k),
-    ]  # fmt: skip
-    for name, value, source, expected in shared:
-        if value != expected:
-            raise ValueError(f"{name}={value} differs from {source}={expected}: set {source} alone")
