@@ -111,7 +111,8 @@ def format_step_line(step: int, total: int, m: dict) -> str:
 
 
 def format_eval_line(step: int, result: dict) -> str:
-    """Accuracy with its 95% CI, mean length, and the paired change since the first evaluation."""
+    """Accuracy with its 95% CI, mean length, the paired change since the first evaluation, and
+    with k samples per prompt pass@j and mean@k with theirs."""
     line = (
         f"eval step {step}: accuracy {result['eval/accuracy']:.3f} "
         f"(95% CI {result['eval/accuracy_lo95']:.3f}-{result['eval/accuracy_hi95']:.3f}, "
@@ -121,6 +122,12 @@ def format_eval_line(step: int, result: dict) -> str:
         line += (
             f"; vs first eval {result['eval/delta']:+.3f} "
             f"(95% CI {result['eval/delta_lo95']:+.3f} to {result['eval/delta_hi95']:+.3f})"
+        )
+    sampled = [k for k in result if k.startswith(("eval/pass@", "eval/mean@")) and "_" not in k]
+    for key in sampled:  # with rl.eval.samples > 1: the k samples' scores, greedy's beside them
+        line += (
+            f"; {key.removeprefix('eval/')} {result[key]:.3f} "
+            f"({result[key + '_lo95']:.3f}-{result[key + '_hi95']:.3f})"
         )
     return line
 
