@@ -140,7 +140,7 @@ def time_ms(fn, device: torch.device, iters: int) -> float:
 def bench_context(args, context: int, device: torch.device, peak_tbps: float | None) -> list[dict]:
     layer = build_layer(args, context, device)
     q, k_cache, v_cache = layer["q"], layer["k_cache"], layer["v_cache"]
-    table, lens, summary = layer["page_table"], layer["seq_lens"], layer["summary"]
+    table, lens = layer["page_table"], layer["seq_lens"]
     elem = k_cache.element_size()
     kv_bytes_per_token = 2 * args.kv_heads * args.head_dim * elem  # K and V, all heads
     num_pages = table.shape[1]
@@ -160,30 +160,9 @@ def bench_context(args, context: int, device: torch.device, peak_tbps: float | N
     for budget_tokens in args.budgets:
         budget_pages = max(-(-budget_tokens // args.page_size), 3)
         budgets = torch.full((args.batch,), budget_pages, dtype=torch.int32, device=device)
-        if resolved == "cpp":  # selection + attention in one call: no separate phases
-            sparse = functools.partial(
-                sparse_decode, q, k_cache, v_cache, summary, table, lens, budgets,
-                score=args.score, backend="cpp", validate=False,
-            )  # fmt: skip
-            select_ms = sparse_decode_ms = None
-        else:
-            sel_kw = dict(score=args.score, page_size=args.page_size, backend=backend)
-            select = functools.partial(
-                select_pages, q, summary, table, lens, budgets, **sel_kw, validate=False
-            )
-            decode = functools.partial(paged_decode, backend=backend, validate=False)
-            selected = select()
-
-            def sparse(select=select, decode=decode):
-                return decode(q, k_cache, v_cache, table, lens, select())
-
-            select_ms = time_ms(select, device, args.iters)
-            sparse_decode_ms = time_ms(
-                functools.partial(decode, q, k_cache, v_cache, table, lens, selected),
-                device,
-                args.iters,
-            )
-        sparse_ms = time_ms(sparse, device, args.iters)
+        select_ms, sparse_decode_ms, sparse_ms = _time_sparse(
+            args, layer, budgets, resolved, backend, device
+        )
         sparse_bytes = (
             args.batch * min(budget_pages, num_pages) * args.page_size * kv_bytes_per_token
         )
@@ -210,17 +189,55 @@ def bench_context(args, context: int, device: torch.device, peak_tbps: float | N
             "goal_ratio": sparse_ms / ((budget_pages / num_pages + 1 / 16) * dense_ms),
         }
         if peak_tbps is not None:
-            peak = peak_tbps * 1e12
-            row["peak_tbps"] = peak_tbps
-            row["bandwidth_fraction"] = dense_bytes / (dense_ms * 1e-3) / peak
-            row["sparse_decode_bandwidth_fraction"] = (
-                sparse_bytes / (sparse_decode_ms * 1e-3) / peak
-            )
-            row["sparse_bandwidth_fraction"] = (
-                (sparse_bytes + select_bytes) / (sparse_ms * 1e-3) / peak
-            )
+            row.update(_bandwidth_fractions(row, peak_tbps))
         rows.append(row)
     return rows
+
+
+def _time_sparse(
+    args, layer: dict, budgets: torch.Tensor, resolved: str, backend: str, device: torch.device
+) -> tuple[float | None, float | None, float]:
+    """(select_ms, sparse_decode_ms, sparse_ms) at one budget. The cpp backend selects and
+    attends in one fused call, so its two phases have no times of their own (None)."""
+    q, k_cache, v_cache = layer["q"], layer["k_cache"], layer["v_cache"]
+    table, lens, summary = layer["page_table"], layer["seq_lens"], layer["summary"]
+    if resolved == "cpp":
+        sparse = functools.partial(
+            sparse_decode, q, k_cache, v_cache, summary, table, lens, budgets,
+            score=args.score, backend="cpp", validate=False,
+        )  # fmt: skip
+        return None, None, time_ms(sparse, device, args.iters)
+    sel_kw = dict(score=args.score, page_size=args.page_size, backend=backend)
+    select = functools.partial(
+        select_pages, q, summary, table, lens, budgets, **sel_kw, validate=False
+    )
+    decode = functools.partial(paged_decode, backend=backend, validate=False)
+    selected = select()
+
+    def sparse():
+        return decode(q, k_cache, v_cache, table, lens, select())
+
+    select_ms = time_ms(select, device, args.iters)
+    sparse_decode_ms = time_ms(
+        functools.partial(decode, q, k_cache, v_cache, table, lens, selected),
+        device,
+        args.iters,
+    )
+    return select_ms, sparse_decode_ms, time_ms(sparse, device, args.iters)
+
+
+def _bandwidth_fractions(row: dict, peak_tbps: float) -> dict:
+    """Achieved fractions of HBM peak from the row's bytes and times (GPU only; the cpp backend,
+    with no separate decode time, never runs there)."""
+    peak = peak_tbps * 1e12
+    return {
+        "peak_tbps": peak_tbps,
+        "bandwidth_fraction": row["dense_bytes"] / (row["dense_ms"] * 1e-3) / peak,
+        "sparse_decode_bandwidth_fraction": (
+            row["sparse_decode_bytes"] / (row["sparse_decode_ms"] * 1e-3) / peak
+        ),
+        "sparse_bandwidth_fraction": row["sparse_bytes"] / (row["sparse_ms"] * 1e-3) / peak,
+    }
 
 
 def sweep_configs(args, device: torch.device, peak_tbps: float | None) -> list[dict]:
