@@ -3,6 +3,10 @@
 generators.py      the embedded, seeded task generator (arithmetic, long-context lookup, chain)
 chain.py           the long-generation task: an addition chain worked out line by line
 data.py            DataConfig, prompt datasets (embedded, JSONL, HF), the batch iterator
+data_sources.py    where rows come from: the task generator, a local file, a hub dataset
+prompt_rows.py     a row's prompt: a column, a {column} template or a message list
+answer_extractors.py  a row's reference answer: as is, GSM8K's "#### N", MATH's \\boxed{}
+data_errors.py     DataError, the one-line error of unusable data
 rewards.py         the reward config, the registry of rewards by name, build_reward
 reward_guard.py    the guard (failures and overruns counted, scored 0) and batch scoring
 user_reward.py     a user's reward function named by rl.reward.function (file or module)

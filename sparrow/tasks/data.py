@@ -1,11 +1,13 @@
 """Prompt datasets: loading, column mapping, chat templating, and the resumable batch iterator.
 
 A source is the embedded task generator ("tasks", see generators.py), a local jsonl/json/parquet/csv
-file or data directory, or a hub dataset name (loaded with `datasets.load_dataset`; needs a
-reachable hub). Every row becomes a `Prompt`: the user message (a string, or a list of chat
-messages) is rendered with the tokenizer's chat template and tokenized once, and prompts longer
-than `max_prompt_tokens` are skipped and counted. Bad input (missing file or column, empty
-dataset, no chat template) raises `DataError` with a message naming the culprit.
+file or data directory, or a hub dataset name (data_sources.py). Every row becomes a `Prompt`: its
+prompt (a column, a template filled from columns, or a message list; prompt_rows.py) is rendered
+with the tokenizer's chat template and tokenized once, and its reference answer is taken from the
+answer column by `data.answer_extractor` (answer_extractors.py). Bad rows (an empty prompt, no
+answer, a prompt over `max_prompt_tokens` or the context) are skipped and counted in `summary()`;
+bad input (missing file or column, empty dataset, no chat template, every row bad) raises
+`DataError` with a one-line message naming the culprit.
 
 `PromptIterator` yields fixed-size batches forever, reshuffling each epoch from (seed, epoch), so
 its whole state is (epoch, position): `state_dict()` goes into a checkpoint and
@@ -20,13 +22,17 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sparrow.tasks.generators import TaskConfig, generate_tasks
-
-_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-class DataError(ValueError):
-    """Unusable prompt data; the message names the file, split or column at fault."""
+from sparrow.tasks.answer_extractors import check_extractor, extract_answer
+from sparrow.tasks.data_errors import DataError
+from sparrow.tasks.data_sources import is_local, load_rows
+from sparrow.tasks.generators import TaskConfig
+from sparrow.tasks.prompt_rows import (
+    chat_messages,
+    check_columns,
+    prompt_cell,
+    render,
+    template_fields,
+)
 
 
 class PromptsTooLong(DataError):
@@ -44,6 +50,14 @@ class DataConfig:
     subset: str | None = None  # hub dataset configuration name (e.g. "main" for gsm8k)
     prompt_column: str = "prompt"  # column with the user message (string or chat messages)
     answer_column: str = "answer"  # column with the reference answer handed to the reward
+    # How the answer cell becomes the reference: "none" (as it is), "gsm8k" (after the last
+    # "####"), "boxed" (the last \boxed{...}, nested braces included).
+    answer_extractor: str = "none"
+    # The user message built from columns instead of prompt_column, e.g. "Solve: {question}".
+    template: str | None = None
+    # A column of chat messages ([{"role", "content"}]) fed to the chat template as they are,
+    # instead of prompt_column or template.
+    messages_column: str | None = None
     system_prompt: str | None = None  # prepended as a system message when set
     chat_template: bool = True  # render with the tokenizer's chat template; False: plain text
     max_prompt_tokens: int = 4096  # longer prompts are skipped and counted
@@ -62,6 +76,14 @@ class DataConfig:
             raise ValueError(
                 f"data.heldout_fraction must be in [0, 1), got {self.heldout_fraction}"
             )
+        check_extractor(self.answer_extractor)
+        if self.template is not None and self.messages_column is not None:
+            raise ValueError("set data.template or data.messages_column, not both")
+        if self.template is not None and not template_fields(self.template):
+            raise ValueError(
+                f"data.template {self.template!r} has no {{column}} field: every prompt would be "
+                "the same; name a column, e.g. 'Solve: {question}'"
+            )
 
 
 @dataclass(frozen=True)
@@ -78,9 +100,11 @@ class PromptDataset:
     prompts: list[Prompt]
     source: str  # human-readable origin, e.g. "tasks:arithmetic" or a file path
     split: str
-    num_rows: int  # rows in the source before length filtering
+    num_rows: int  # rows in the source (this split of it) before any was skipped
     num_skipped_too_long: int  # rows dropped for exceeding max_prompt_tokens
     max_prompt_tokens: int  # the limit applied: data.max_prompt_tokens or the context room
+    num_skipped_empty: int = 0  # rows dropped for an empty prompt
+    num_skipped_no_answer: int = 0  # rows dropped for no answer (by data.answer_extractor)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -97,8 +121,9 @@ class PromptDataset:
         return (
             f"{len(self.prompts)} prompts from {self.source} ({self.split}); skipped "
             f"{self.num_skipped_too_long} of {self.num_rows} longer than {self.max_prompt_tokens} "
-            f"tokens; prompt tokens min {lengths[0]} median {statistics.median(lengths):.0f} "
-            f"max {lengths[-1]}"
+            f"tokens, {self.num_skipped_empty} with an empty prompt, "
+            f"{self.num_skipped_no_answer} without an answer; prompt tokens min {lengths[0]} "
+            f"median {statistics.median(lengths):.0f} max {lengths[-1]}"
         )
 
 
@@ -110,7 +135,7 @@ def load_eval_prompts(
     if cfg.eval_source is not None:
         own = replace(cfg, source=cfg.eval_source, eval_source=None, heldout_fraction=0.0)
         return load_prompts(own, tokenizer, context_tokens)
-    if not _is_local(cfg.source):
+    if not is_local(cfg.source):
         return load_prompts(replace(cfg, split=eval_split), tokenizer, context_tokens)
     if cfg.heldout_fraction == 0:
         raise DataError(
@@ -123,7 +148,8 @@ def load_eval_prompts(
 def load_prompts(
     cfg: DataConfig, tokenizer, context_tokens: int | None = None, heldout: bool | None = None
 ) -> PromptDataset:
-    """Load `cfg.source`, map its columns, template and tokenize, and drop too-long prompts.
+    """Load `cfg.source`, build each row's prompt and answer, template and tokenize, and skip
+    (and count) the rows with an empty prompt, no answer or too long a prompt.
 
     `context_tokens`: what a prompt may use of the model's and the engine's context window (the
     window minus the completion cap); prompts over min(cfg.max_prompt_tokens, context_tokens)
@@ -136,160 +162,103 @@ def load_prompts(
     limit = cfg.max_prompt_tokens
     if context_tokens is not None:
         limit = min(limit, context_tokens)
-    rows, columns, source = _load_rows(cfg)
+    rows, columns, source = load_rows(cfg)
     if len(rows) == 0:
         raise DataError(f"dataset {source} (split {cfg.split!r}) is empty")
-    for role, column in (("prompt", cfg.prompt_column), ("answer", cfg.answer_column)):
-        if column not in columns:
-            raise DataError(
-                f"{role} column {column!r} not found in {source}; columns are {sorted(columns)}"
-            )
-    split, row_ids = cfg.split, list(range(len(rows)))
-    split_off = cfg.eval_source is None and cfg.heldout_fraction > 0 and _is_local(cfg.source)
-    if heldout is not None and split_off:
-        # The share of rows with the lowest prompt hashes: independent of row order, and at
-        # least one row held out (and one kept) for any file of two rows or more.
-        ranked = sorted(row_ids, key=lambda i: _prompt_hash(rows[i][cfg.prompt_column]))
-        held = set(ranked[: min(max(1, round(cfg.heldout_fraction * len(rows))), len(rows) - 1)])
-        row_ids = [i for i in row_ids if (i in held) == heldout]
-        rows = [rows[i] for i in row_ids]
-        share = f"{cfg.heldout_fraction:.0%} of rows by prompt hash"  # at least one row
-        split = f"held out: {share}" if heldout else f"train: the rest after {share} held out"
-        if not rows:
-            raise DataError(
-                f"{source}: no {'held-out' if heldout else 'training'} rows left by "
-                f"data.heldout_fraction={cfg.heldout_fraction}; set data.eval_source=FILE"
-            )
+    check_columns(cfg, columns, source)
+    cells = [prompt_cell(cfg, row) for row in rows]
+    row_ids, split = _split_rows(cfg, cells, source, heldout)
     if cfg.chat_template and getattr(tokenizer, "chat_template", None) is None:
         raise DataError(
             "the tokenizer has no chat template; set data.chat_template=false to feed prompts "
             "as plain text"
         )
-
-    texts = [
-        _render(cfg, tokenizer, row[cfg.prompt_column], i, source)
-        for i, row in zip(row_ids, rows, strict=True)
-    ]
+    usable, num_empty, num_no_answer = [], 0, 0
+    for i in row_ids:
+        answer = extract_answer(cfg.answer_extractor, rows[i][cfg.answer_column])
+        num_empty += cells[i] is None
+        num_no_answer += cells[i] is not None and answer is None
+        if cells[i] is not None and answer is not None:
+            text = render(cfg, tokenizer, chat_messages(cfg, cells[i], i, source))
+            usable.append((i, text, answer))
     # Chat templates write their own special tokens (BOS included); plain text gets the
     # tokenizer's defaults.
-    token_ids = tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"]
-    prompts = []
-    for i, row, text, ids in zip(row_ids, rows, texts, token_ids, strict=True):
-        if len(ids) > limit:
-            continue
-        answer = row[cfg.answer_column]
-        if answer is None:
-            raise DataError(
-                f"row {i} of {source} has no value in answer column {cfg.answer_column!r}"
-            )
-        metadata = {}
-        if cfg.source == "tasks":
-            metadata = {"id": row["id"], "task": row["task"], **row["metadata"]}
-        prompts.append(Prompt(i, text, list(ids), str(answer), metadata))
+    texts = [text for _, text, _ in usable]
+    token_ids = (
+        tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"] if texts else []
+    )
+    prompts = [
+        Prompt(i, text, list(ids), answer, _metadata(cfg, rows[i]))
+        for (i, text, answer), ids in zip(usable, token_ids, strict=True)
+        if len(ids) <= limit
+    ]
+    data = PromptDataset(prompts, source, split, len(row_ids), len(usable) - len(prompts), limit,
+                         num_empty, num_no_answer)  # fmt: skip
     if not prompts:
+        raise _every_row_bad(cfg, data, context_tokens, token_ids)
+    return data
+
+
+def _split_rows(
+    cfg: DataConfig, cells: list, source: str, heldout: bool | None
+) -> tuple[list[int], str]:
+    """(the rows to load, the split's description): all of them, or for a local file without
+    eval_source the held-out share (heldout=True) or the rest (heldout=False)."""
+    row_ids = list(range(len(cells)))
+    split_off = cfg.eval_source is None and cfg.heldout_fraction > 0 and is_local(cfg.source)
+    if heldout is None or not split_off:
+        return row_ids, cfg.split
+    # The share of rows with the lowest prompt hashes: independent of row order, and at least
+    # one row held out (and one kept) for any file of two rows or more.
+    ranked = sorted(row_ids, key=lambda i: _prompt_hash(cells[i]))
+    count = min(max(1, round(cfg.heldout_fraction * len(cells))), len(cells) - 1)
+    held = set(ranked[:count])
+    row_ids = [i for i in row_ids if (i in held) == heldout]
+    share = f"{cfg.heldout_fraction:.0%} of rows by prompt hash"  # at least one row
+    if not row_ids:
+        raise DataError(
+            f"{source}: no {'held-out' if heldout else 'training'} rows left by "
+            f"data.heldout_fraction={cfg.heldout_fraction}; set data.eval_source=FILE"
+        )
+    return row_ids, f"held out: {share}" if heldout else f"train: the rest after {share} held out"
+
+
+def _every_row_bad(
+    cfg: DataConfig, data: PromptDataset, context_tokens: int | None, token_ids: list[list[int]]
+) -> DataError:
+    """The one-line refusal of a dataset none of whose rows can be trained on."""
+    limit = data.max_prompt_tokens
+    if data.num_skipped_too_long == data.num_rows:
         why = f"data.max_prompt_tokens={cfg.max_prompt_tokens}"
         if context_tokens is not None:
             why += f"; {context_tokens} tokens left by the context window"
-        raise PromptsTooLong(
-            f"all {len(rows)} prompts of {source} are longer than {limit} tokens ({why})",
+        return PromptsTooLong(
+            f"all {data.num_rows} prompts of {data.source} are longer than {limit} tokens ({why})",
             min(map(len, token_ids)),
         )
-    return PromptDataset(prompts, source, split, len(rows), len(rows) - len(prompts), limit)
+    prompt_from = (
+        f"data.messages_column={cfg.messages_column}" if cfg.messages_column
+        else f"data.template={cfg.template!r}" if cfg.template
+        else f"data.prompt_column={cfg.prompt_column}"
+    )  # fmt: skip
+    return DataError(
+        f"every row of {data.source} ({data.split}) is bad, none to train on: "
+        f"{data.num_skipped_empty} of {data.num_rows} with an empty prompt ({prompt_from}), "
+        f"{data.num_skipped_no_answer} without an answer (data.answer_column="
+        f"{cfg.answer_column}, data.answer_extractor={cfg.answer_extractor}), "
+        f"{data.num_skipped_too_long} longer than {limit} tokens"
+    )
 
 
-def _is_local(source: str | None) -> bool:
-    if source is None or source == "tasks":
-        return False
-    return os.path.splitext(source)[1].lower() in _FILE_BUILDERS or os.path.exists(source)
+def _metadata(cfg: DataConfig, row: dict[str, Any]) -> dict[str, Any]:
+    if cfg.source != "tasks":
+        return {}
+    return {"id": row["id"], "task": row["task"], **row["metadata"]}
 
 
 def _prompt_hash(prompt: Any) -> bytes:
     """A row's place in the held-out ranking: a hash of its prompt, not its position."""
     return hashlib.sha256(json.dumps(prompt, sort_keys=True).encode()).digest()
-
-
-def _load_rows(cfg: DataConfig) -> tuple[list[dict], set[str], str]:
-    """(rows, column names, source description) for any kind of source."""
-    if cfg.source == "tasks":
-        try:
-            rows = generate_tasks(cfg.tasks, cfg.split)
-        except ValueError as e:
-            raise DataError(f"embedded tasks: {e}") from e
-        columns = set(rows[0]) if rows else {"prompt", "answer"}
-        return rows, columns, f"tasks:{cfg.tasks.kind}"
-
-    import datasets  # deferred: a heavy import only file and hub sources need
-
-    extension = os.path.splitext(cfg.source)[1].lower()
-    is_local = extension in _FILE_BUILDERS or os.path.exists(cfg.source)
-    if is_local and not os.path.exists(cfg.source):
-        raise DataError(f"data file not found: {cfg.source}")
-    if os.path.isfile(cfg.source) and os.path.getsize(cfg.source) == 0:
-        raise DataError(f"dataset {cfg.source} (split {cfg.split!r}) is empty")
-    try:
-        if extension in _FILE_BUILDERS:
-            builder = _FILE_BUILDERS[extension]
-            # A single data file is exposed as split "train"; route the requested split to it.
-            table = datasets.load_dataset(
-                builder, data_files={cfg.split: cfg.source}, split=cfg.split
-            )
-        else:
-            # A data directory or a hub name (`subset` picks the hub configuration).
-            table = datasets.load_dataset(cfg.source, cfg.subset, split=cfg.split)
-    except Exception as e:
-        root = e  # datasets wraps parse errors: the innermost one says what is wrong, and where
-        while (root.__cause__ or root.__context__) is not None:
-            root = root.__cause__ or root.__context__
-        if isinstance(root, UnicodeDecodeError) or "invalid utf8" in str(root).lower():
-            raise _not_utf8(cfg.source, root) from e
-        detail = "" if root is e else f" ({type(root).__name__}: {root})"
-        raise DataError(
-            f"could not load dataset {cfg.source!r} (split {cfg.split!r}): "
-            f"{type(e).__name__}: {e}{detail}"
-        ) from e
-    try:  # pyarrow keeps a JSON string's bytes as they are and decodes them here
-        rows = table.to_list()
-    except UnicodeDecodeError as e:
-        raise _not_utf8(cfg.source, e) from e
-    return rows, set(table.column_names), cfg.source
-
-
-def _not_utf8(source: str, err: Exception) -> DataError:
-    """The error for a data file that is not UTF-8, naming the file, line and row."""
-    where = ""
-    if os.path.isfile(source):
-        with open(source, "rb") as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError as bad:
-                    byte = line[bad.start : bad.start + 1].hex()
-                    # A row per line, after the header line of a CSV.
-                    first = {".jsonl": 1, ".csv": 2}.get(os.path.splitext(source)[1].lower())
-                    row = None if first is None else number - first
-                    where = f" line {number}{'' if row is None else f' (row {row})'}, byte "
-                    where += f"{bad.start + 1} (0x{byte})"
-                    break
-    reason = err.reason if isinstance(err, UnicodeDecodeError) else str(err)
-    return DataError(f"{source}{where} is not UTF-8 text ({reason}): save the file as UTF-8")
-
-
-def _render(cfg: DataConfig, tokenizer, prompt: Any, index: int, source: str) -> str:
-    """The model-facing text of one prompt cell: a string or a list of {role, content}."""
-    if isinstance(prompt, str) and prompt.strip():
-        messages = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-        messages = list(prompt)
-    else:
-        raise DataError(
-            f"row {index} of {source}: prompt column {cfg.prompt_column!r} must hold a non-empty "
-            f"string or a list of chat messages, got {type(prompt).__name__}"
-        )
-    if cfg.system_prompt and messages[0].get("role") != "system":
-        messages = [{"role": "system", "content": cfg.system_prompt}] + messages
-    if cfg.chat_template:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return "\n\n".join(m["content"] for m in messages)
 
 
 class PromptIterator:

@@ -108,12 +108,18 @@ def test_empty_dataset_and_missing_file_errors_name_them(tokenizer, tmp_path):
         load_prompts(_tasks(num_examples=0), tokenizer)
 
 
-def test_blank_prompt_cell_is_reported_with_its_row(tokenizer, tmp_path):
-    path = _write_jsonl(
-        tmp_path / "d.jsonl", [{"prompt": "ok", "answer": "1"}, {"prompt": " ", "answer": "2"}]
-    )
-    with pytest.raises(DataError, match="row 1 .*prompt column 'prompt'"):
-        load_prompts(DataConfig(source=path), tokenizer)
+def test_blank_prompt_is_skipped_and_a_malformed_message_is_reported_with_its_row(
+    tokenizer, tmp_path
+):
+    rows = [{"prompt": "ok", "answer": "1"}, {"prompt": " ", "answer": "2"}]
+    data = load_prompts(DataConfig(source=_write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer)
+    assert [p.index for p in data.prompts] == [0] and data.num_skipped_empty == 1
+    rows = [
+        {"prompt": [{"role": "user", "content": "ok"}], "answer": "1"},
+        {"prompt": [{"role": "user"}], "answer": "2"},  # no content
+    ]
+    with pytest.raises(DataError, match="row 1 .*prompt column 'prompt' must hold"):
+        load_prompts(DataConfig(source=_write_jsonl(tmp_path / "m.jsonl", rows)), tokenizer)
 
 
 def test_no_chat_template_is_an_error_unless_plain_text_is_asked_for(tokenizer):
