@@ -96,28 +96,9 @@ def check_bounds(args: argparse.Namespace, num_pages: int) -> None:
 
 
 def run(cfg, args, budgets: list[int]) -> int:
-    from sparrow.control.calibration import run_online
-    from sparrow.control.controller import make_controller
-    from sparrow.models.loading import load_model
-    from sparrow.rollout.engine import LLMEngine, SamplingParams
-    from sparrow.tasks.data import load_prompts
+    from sparrow.rollout.engine import SamplingParams
 
-    try:
-        loaded = load_model(cfg.model)
-    except OSError as err:
-        model_not_found(err, "model.name", cfg.model.name)
-        raise
-    engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
-    try:
-        data = load_prompts(cfg.data, loaded.tokenizer)
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    need = args.prompts + args.online * args.online_prompts
-    if len(data.prompts) < need:
-        raise UserError(
-            f"--prompts {args.prompts} + --online {args.online} x --online-prompts "
-            f"{args.online_prompts} need {need} prompts, {data.source} has {len(data.prompts)}"
-        )
+    engine, data = load_engine_and_prompts(cfg, args)
     # Offline, one prompt is measured at every budget at once; online, at the schedule's.
     check_pool(data, max(len(budgets) * args.samples * (args.prompts > 0), args.samples), cfg)
     prompts = [p.token_ids for p in data.prompts]
@@ -138,28 +119,61 @@ def run(cfg, args, budgets: list[int]) -> int:
     offline = run_offline(engine, prompts[: args.prompts], budgets, params, cfg, args, out, data)
 
     if args.online:
-        controller = make_controller(replace(cfg.schedule, mode="online"), cfg.controller)
-        rest = prompts[args.prompts :]
-        batches = (
-            rest[i : i + args.online_prompts] for i in range(0, len(rest), args.online_prompts)
-        )
-        history = run_online(
-            engine, controller, batches, args.online, args.samples, params, bin_tokens
-        )
-        print(format_online(history, tau))
-        final = list(controller.schedule.budgets_pages)
-        print(f"offline: {offline}\nonline:  {final}")
-        (out / "online.json").write_text(
-            json.dumps(
-                {
-                    "final_schedule_pages": final,
-                    "offline_schedule_pages": offline,
-                    "steps": [asdict(h) for h in history],
-                },
-                indent=1,
-            )
-        )
+        # The online loop takes the prompts the offline sweep did not see.
+        run_online_beside(engine, prompts[args.prompts :], params, cfg, args, out, offline)
     return 0
+
+
+def load_engine_and_prompts(cfg, args):
+    """The engine over the configured model and the task's prompts, enough of them for the
+    offline sweep and every online step (a one-line UserError otherwise)."""
+    from sparrow.models.loading import load_model
+    from sparrow.rollout.engine import LLMEngine
+    from sparrow.tasks.data import load_prompts
+
+    try:
+        loaded = load_model(cfg.model)
+    except OSError as err:
+        model_not_found(err, "model.name", cfg.model.name)
+        raise
+    engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
+    try:
+        data = load_prompts(cfg.data, loaded.tokenizer)
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    need = args.prompts + args.online * args.online_prompts
+    if len(data.prompts) < need:
+        raise UserError(
+            f"--prompts {args.prompts} + --online {args.online} x --online-prompts "
+            f"{args.online_prompts} need {need} prompts, {data.source} has {len(data.prompts)}"
+        )
+    return engine, data
+
+
+def run_online_beside(engine, rest, params, cfg, args, out: Path, offline) -> None:
+    """`--online STEPS`: the online controller's loop on `rest`, printed beside the offline
+    schedule and written to OUT/online.json."""
+    from sparrow.control.calibration import run_online
+    from sparrow.control.controller import make_controller
+
+    controller = make_controller(replace(cfg.schedule, mode="online"), cfg.controller)
+    batches = (rest[i : i + args.online_prompts] for i in range(0, len(rest), args.online_prompts))
+    history = run_online(
+        engine, controller, batches, args.online, args.samples, params, cfg.schedule.bin_tokens
+    )
+    print(format_online(history, cfg.controller.tau))
+    final = list(controller.schedule.budgets_pages)
+    print(f"offline: {offline}\nonline:  {final}")
+    (out / "online.json").write_text(
+        json.dumps(
+            {
+                "final_schedule_pages": final,
+                "offline_schedule_pages": offline,
+                "steps": [asdict(h) for h in history],
+            },
+            indent=1,
+        )
+    )
 
 
 def check_pool(data, num_samples: int, cfg) -> None:
