@@ -7,14 +7,14 @@
 
 Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
 
-Exit codes: 0 done; 2 bad input (config, data, model, paths, disk, a run dir whose config or
-checkpoint does not match), one line on stderr naming the key or path, or a run dir that another
-live run holds (naming its host, pid and start time); 3 training stopped on non-finite updates or
-weights, one line naming the last good checkpoint; 4 a rank was lost (a collective failed: another
-rank died or did not answer within actor.collective_timeout_min), one line saying how to resume;
-128 + signal after SIGTERM/SIGINT, once the step in flight is finished and checkpointed (a second
-signal exits at once; before the first step and during the final export it stops at once).
-resume=auto (the default) continues from the newest complete checkpoint.
+Exit codes: 0 done; 2 bad input (config, data, model, reward function, paths, disk, a run dir
+whose config or checkpoint does not match), one line on stderr naming the key or path, or a run
+dir that another live run holds (naming its host, pid and start time); 3 training stopped on
+non-finite updates or weights, one line naming the last good checkpoint; 4 a rank was lost (a
+collective failed: another rank died or did not answer within actor.collective_timeout_min), one
+line saying how to resume; 128 + signal after SIGTERM/SIGINT, once the step in flight is finished
+and checkpointed (a second signal exits at once; before the first step and during the final export
+it stops at once). resume=auto (the default) continues from the newest complete checkpoint.
 """
 
 import logging
@@ -67,6 +67,7 @@ def _train(argv: list[str] | None) -> int:
         cfg = load_config(argv)
     except ConfigError as err:
         return stop_line(f"sparrow-train: config error: {err}", 2)
+    _check_user_reward(cfg.rl.reward)
 
     from sparrow.train.run.lock import RunDirBusy, RunDirLock
 
@@ -81,6 +82,19 @@ def _train(argv: list[str] | None) -> int:
         return _run_or_lost_rank(cfg, _pinned(argv))
     finally:
         lock.release()
+
+
+def _check_user_reward(reward) -> None:
+    """A reward function of the user's (rl.reward.function) that cannot be used stops here, in
+    one line, before any model is loaded; an isolated one is checked in its own worker."""
+    if not reward.function:
+        return
+    from sparrow.tasks.user_reward import RewardFunctionError, check_user_reward
+
+    try:
+        check_user_reward(reward.function, reward.kwargs, reward.batched, reward.isolate)
+    except RewardFunctionError as err:
+        raise UserError(one_line(err)) from err
 
 
 def _pinned(argv: list[str]) -> frozenset[str]:
