@@ -31,8 +31,8 @@ def wilson_interval(successes: float, n: float, z: float = 1.96) -> tuple[float,
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Chen et al. (2021)'s unbiased pass@k of a prompt with `c` correct of `n` samples,
-    1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1..n} (1 - k / i): the binomials
-    themselves overflow a float near n = 1000 and lose digits in the division long before."""
+    1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1..n} (1 - k / i) (the paper's own
+    form): as floats the binomials overflow from n ~ 1030, and exact integers cost O(n) digits."""
     if not (0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
     if n - c < k:  # every draw of k samples holds a correct one
