@@ -282,41 +282,20 @@ def paged_decode_triton(
             "sparrow.kernels.decode_triton is imported"
         )
     check_decode_tiling(head_dim, page_size)
-    base = default_tiles(q.dtype, INTERPRETED)
-    tiles = DecodeTiles(
-        pages_per_iter=pages_per_iter or base.pages_per_iter,
-        num_warps=num_warps or base.num_warps,
-        num_stages=num_stages or base.num_stages,
-    )
+    tiles = _launch_tiles(q.dtype, pages_per_iter, num_warps, num_stages)
     # An upper bound on any row's page count that needs no device sync.
     max_slots = page_table.shape[1] if selected is None else selected.logical_pages.shape[2]
     kw = dict(dense=selected is None, interpreted=INTERPRETED)
-    if num_splits is None:
-        num_splits = _default_num_splits(q, batch * num_kv_heads, max_slots, group, page_size,
-                                         tiles, kw)  # fmt: skip
-    ppi = decode_constexprs(group, head_dim, page_size, q.dtype, tiles, split_out=True, **kw)
-    ppi = ppi["PAGES_PER_ITER"]
-    num_splits = max(1, min(num_splits, MAX_SPLITS, triton.cdiv(max_slots, ppi)))
+    num_splits = _clamped_num_splits(
+        q, num_splits, batch * num_kv_heads, max_slots, group, page_size, tiles, kw
+    )
     split_out = num_splits > 1
     constexprs = decode_constexprs(
         group, head_dim, page_size, q.dtype, tiles, split_out=split_out, **kw
     )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H_q, D), contiguous
-    if split_out:
-        o_part = torch.empty(batch, num_q_heads, num_splits, head_dim, device=q.device)
-        lse_part = torch.empty(batch, num_q_heads, num_splits, device=q.device)
-        o_strides = o_part.stride()[:3]
-        lse_strides = lse_part.stride()[:2]
-    else:  # one split: the kernel's normalised output is final, written in q's dtype
-        o_part, lse_part = out, out
-        o_strides = (out.stride(0), out.stride(1), 0)
-        lse_strides = (0, 0)
-    # In dense mode the selection pointers are never read; pass page_table as a placeholder.
-    if selected is None:
-        sel = sel_phys = page_table[:, None, :]
-    else:
-        sel, sel_phys = _selected_ids(selected, page_table)
-    num_sel = seq_lens if selected is None else selected.num_selected
+    o_part, lse_part, o_strides, lse_strides = _split_buffers(out, num_splits)
+    sel, sel_phys, num_sel = _selection_args(selected, page_table, seq_lens)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, sel, sel_phys, num_sel, o_part, lse_part,
         scale * math.log2(math.e),
@@ -330,14 +309,69 @@ def paged_decode_triton(
         **constexprs, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split_out:
-        _merge_splits_kernel[(batch, num_q_heads)](
-            o_part, lse_part, out, num_splits,
-            o_part.stride(0), o_part.stride(1), o_part.stride(2),
-            lse_part.stride(0), lse_part.stride(1),
-            out.stride(0), out.stride(1),
-            **merge_constexprs(head_dim),
-        )  # fmt: skip
+        _merge_splits(o_part, lse_part, out)
     return out
+
+
+def _launch_tiles(
+    dtype: torch.dtype, pages_per_iter: int | None, num_warps: int | None, num_stages: int | None
+) -> DecodeTiles:
+    """The default tiles for `dtype`, with whichever knobs the caller (a test, the benchmark's
+    sweep) set in their place."""
+    base = default_tiles(dtype, INTERPRETED)
+    return DecodeTiles(
+        pages_per_iter=pages_per_iter or base.pages_per_iter,
+        num_warps=num_warps or base.num_warps,
+        num_stages=num_stages or base.num_stages,
+    )
+
+
+def _clamped_num_splits(q, requested, num_rows, max_slots, group, page_size, tiles, kw) -> int:
+    """`requested` (None: the device's default) clamped to what the launch can use: at most
+    MAX_SPLITS (the merge reads every split of a head in one tile) and no more splits than the
+    longest row has iterations (a split past every row's pages would only be merged away)."""
+    if requested is None:
+        requested = _default_num_splits(q, num_rows, max_slots, group, page_size, tiles, kw)
+    head_dim = q.shape[-1]
+    constexprs = decode_constexprs(group, head_dim, page_size, q.dtype, tiles, split_out=True, **kw)
+    ppi = constexprs["PAGES_PER_ITER"]
+    return max(1, min(requested, MAX_SPLITS, triton.cdiv(max_slots, ppi)))
+
+
+def _split_buffers(out: Tensor, num_splits: int) -> tuple[Tensor, Tensor, tuple, tuple]:
+    """(o_part, lse_part, o_strides, lse_strides) the split kernel writes: fp32 partial outputs
+    and log-sum-exps for the merge, or with one split `out` itself (the kernel's normalised
+    output is final, written in q's dtype; the lse is never stored)."""
+    batch, num_q_heads, head_dim = out.shape
+    if num_splits == 1:
+        return out, out, (out.stride(0), out.stride(1), 0), (0, 0)
+    o_part = torch.empty(batch, num_q_heads, num_splits, head_dim, device=out.device)
+    lse_part = torch.empty(batch, num_q_heads, num_splits, device=out.device)
+    return o_part, lse_part, o_part.stride()[:3], lse_part.stride()[:2]
+
+
+def _selection_args(
+    selected: SelectedPages | None, page_table: Tensor, seq_lens: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's (sel, sel_phys, num_sel) arguments. Dense mode never reads the selection
+    pointers: page_table stands in for them, and each row's page count comes from seq_lens."""
+    if selected is None:
+        placeholder = page_table[:, None, :]
+        return placeholder, placeholder, seq_lens
+    sel, sel_phys = _selected_ids(selected, page_table)
+    return sel, sel_phys, selected.num_selected
+
+
+def _merge_splits(o_part: Tensor, lse_part: Tensor, out: Tensor) -> None:
+    """Pass 2: one program per (sequence, query head) merges its splits into `out`."""
+    batch, num_q_heads, num_splits, head_dim = o_part.shape
+    _merge_splits_kernel[(batch, num_q_heads)](
+        o_part, lse_part, out, num_splits,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1),
+        **merge_constexprs(head_dim),
+    )  # fmt: skip
 
 
 def _selected_ids(selected: SelectedPages, page_table: Tensor) -> tuple[Tensor, Tensor]:
