@@ -202,11 +202,11 @@ def _time_sparse(
     q, k_cache, v_cache = layer["q"], layer["k_cache"], layer["v_cache"]
     table, lens, summary = layer["page_table"], layer["seq_lens"], layer["summary"]
     if resolved == "cpp":
-        sparse = functools.partial(
+        fused = functools.partial(
             sparse_decode, q, k_cache, v_cache, summary, table, lens, budgets,
             score=args.score, backend="cpp", validate=False,
         )  # fmt: skip
-        return None, None, time_ms(sparse, device, args.iters)
+        return None, None, time_ms(fused, device, args.iters)
     sel_kw = dict(score=args.score, page_size=args.page_size, backend=backend)
     select = functools.partial(
         select_pages, q, summary, table, lens, budgets, **sel_kw, validate=False
