@@ -91,6 +91,31 @@ def collate_rollouts(
         group_ids = [o.prompt_index for o in outputs]
     if len(group_ids) != len(outputs):
         raise ValueError(f"{len(group_ids)} group_ids for {len(outputs)} outputs")
+    padded = _pad_per_token(prompts, outputs, pad_token_id)
+    behaviour_logprobs = padded.pop("behaviour_logprobs")
+    drawn_full = behaviour_logprobs.equal(padded["sampled_logprobs"])  # no top-p/top-k truncation
+    return RolloutBatch(
+        input_ids=padded["input_ids"],
+        attention_mask=padded["attention_mask"],
+        completion_mask=padded["completion_mask"],
+        prompt_lens=padded["prompt_lens"],
+        sampled_logprobs=padded["sampled_logprobs"],
+        topk_ids=padded["topk_ids"],
+        topk_logprobs=padded["topk_logprobs"],
+        budget_pages=padded["budget_pages"],
+        group_ids=torch.tensor(list(group_ids), dtype=torch.int64),
+        finish_reasons=[o.finish_reason for o in outputs],
+        rollout_logits=_rollout_logits(outputs),
+        behaviour_logprobs=None if drawn_full else behaviour_logprobs,
+    )
+
+
+def _pad_per_token(
+    prompts: Sequence[Sequence[int]], outputs: Sequence, pad_token_id: int
+) -> dict[str, Tensor]:
+    """RolloutBatch's per-token tensors (and `behaviour_logprobs`, always filled here) by field
+    name: each output's values at its completion positions, right-padded to the longest sample
+    (pad_token_id in input_ids, 0 and False elsewhere), and `prompt_lens`."""
     batch = len(outputs)
     k = outputs[0].topk_ids.shape[-1]
     lengths = [len(prompts[o.prompt_index]) + len(o.token_ids) for o in outputs]
@@ -120,21 +145,17 @@ def collate_rollouts(
         topk_logprobs[b, p:end] = out.topk_logprobs
         budget_pages[b, p:end] = out.budget_pages
         prompt_lens[b] = p
-    drawn_full = behaviour_logprobs.equal(sampled_logprobs)  # no top-p/top-k truncation
-    return RolloutBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        completion_mask=completion_mask,
-        prompt_lens=prompt_lens,
-        sampled_logprobs=sampled_logprobs,
-        topk_ids=topk_ids,
-        topk_logprobs=topk_logprobs,
-        budget_pages=budget_pages,
-        group_ids=torch.tensor(list(group_ids), dtype=torch.int64),
-        finish_reasons=[o.finish_reason for o in outputs],
-        rollout_logits=_rollout_logits(outputs),
-        behaviour_logprobs=None if drawn_full else behaviour_logprobs,
-    )
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "completion_mask": completion_mask,
+        "prompt_lens": prompt_lens,
+        "sampled_logprobs": sampled_logprobs,
+        "topk_ids": topk_ids,
+        "topk_logprobs": topk_logprobs,
+        "budget_pages": budget_pages,
+        "behaviour_logprobs": behaviour_logprobs,
+    }
 
 
 def _rollout_logits(outputs: Sequence) -> list[Tensor | None] | None:
