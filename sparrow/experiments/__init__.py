@@ -1,16 +1,20 @@
 """Studies behind the figures in the README's results table, as library modules run with
 `python -m sparrow.experiments.<name>` (each prints its usage with --help):
 
+- study: a study declared (`Study`: its arms, seeds, shared overrides, report) and `study_main`,
+  every study's command (--status, --report, --background, overrides after `--`); study_runs:
+  its runs as sparrow-train processes; study_files: what every study reads and writes (metrics
+  rows, wall time, the README's table block).
 - stability_study: long GRPO runs at several tau (and dense, fixed-schedule, DistillSparse arms)
   side by side; writes docs/stability/ (stability_table.py: the table and overlay plots).
 - parity_study: learning parity of sparse (tail rule) vs dense rollouts over seeds at the
   default run's size; writes docs/parity/ (parity_table.py).
 - correction_study: rollout-correction modes and dynamic sampling at an aggressive fixed budget,
   against dense, over seeds; writes docs/correction/ (correction_table.py).
-- study_runs: the arms of a study as sparrow-train processes (shared by the two studies above).
 - distill_study: the DistillSparse study on the trainer (theta frozen, the online controller with
-  and without the adapter, several seeds); distill_tail: a finished run's held-out tail with and
-  without its adapter, paired; distill_table: the report from docs/distill/runs (docs/distill/).
+  and without the adapter, several seeds); distill_archive: what it keeps in docs/distill/runs
+  (copies, settled budgets, tails); distill_tail: a finished run's held-out tail with and without
+  its adapter, paired; distill_table: the report from docs/distill/runs (docs/distill/).
 - default_run_report: the default run's table and the README's results row, from
   docs/default_run/metrics.jsonl (`--check`: are they current).
 - dense_shared_ab: dense decode of one prompt's samples, shared pages against per-row copies.

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.experiments.stability_table import TABLE_BEGIN, TABLE_END, _rows_by_step, splice_table
+from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END, rows_by_step, splice_table
 
 Interval = tuple[float, float, float]  # value, lower and upper end of its 95% interval
 
@@ -48,7 +48,7 @@ def copy_metrics(root: Path, names: list[str], docs: Path) -> None:
 
 
 def summarize_run(runs_dir: Path, name: str, steps: int, prompts_per_step: int) -> CorrectionRun:
-    rows = _rows_by_step(runs_dir / name)
+    rows = rows_by_step(runs_dir / name)
     evals = [rows[s] for s in sorted(rows) if "eval/accuracy" in rows[s]]
     train = [r for s, r in sorted(rows.items()) if s > 0 and "reward/mean" in r]
     sampled = [r for r in train if "sampling/groups_drawn" in r]

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.experiments.stability_table import TABLE_BEGIN, TABLE_END, _rows_by_step, splice_table
+from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END, rows_by_step, splice_table
 
 REPO = Path(__file__).resolve().parents[2]
 SETTLED_AFTER = 5  # steps the controller takes to leave its start budget: out of the KV means
@@ -51,7 +51,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def summarize(run_dir: Path) -> DistillRun:
-    rows = [r for s, r in sorted(_rows_by_step(run_dir).items()) if s > 0]
+    rows = [r for s, r in sorted(rows_by_step(run_dir).items()) if s > 0]
     kl = _finite(r.get(KL_KEY) for r in rows)
     last = rows[-1] if rows else {}
     budgets = sorted((int(m[1]), v) for k, v in last.items() if (m := _BUDGET.match(k)))

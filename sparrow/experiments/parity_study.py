@@ -21,76 +21,31 @@ docs/parity/README.md and overlay plots per seed under docs/parity/plots/.
 Arguments after `--` are Hydra overrides handed to every run.
 """
 
-import argparse
 import sys
-from pathlib import Path
 
 from sparrow.experiments.parity_table import write_parity_report
-from sparrow.experiments.study_runs import REPO, StudyRun, drive_study
+from sparrow.experiments.study import Arm, Study, study_main
 
-ARMS = {
-    "online": ((), "online controller, tau 0.86 (the default)"),
-    "dense": (("schedule.mode=dense",), "dense rollouts"),
-    "aggressive": (
+ARMS = (
+    Arm("online", (), "online controller, tau 0.86 (the default)"),
+    Arm("dense", ("schedule.mode=dense",), "dense rollouts"),
+    Arm(
+        "aggressive",
         ("schedule.mode=fixed", "schedule.budgets_pages=[3]"),
         "fixed 3 pages (48 tokens)",
     ),
-}
-
-
-def study_runs(arms: list[str], seeds: list[int]) -> list[StudyRun]:
-    """One run per (seed, arm), seed-major: a stopped study has whole seeds to compare."""
-    runs = []
-    for seed in seeds:
-        for arm in arms:
-            overrides, setting = ARMS[arm]
-            seeded = (*overrides, f"seed={seed}")  # sampling and prompt order, both from it
-            runs.append(StudyRun(f"{arm}_s{seed}", seeded, f"{setting}, seed {seed}"))
-    return runs
+)
+STUDY = Study(
+    name="parity",
+    doc=__doc__,
+    arms=ARMS,
+    report=lambda inv, steps: write_parity_report(inv.root, inv.runs, steps, inv.docs),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = _parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    arms = args.arms.split(",")
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        print(f"parity_study: unknown arms {unknown}; known: {sorted(ARMS)}", file=sys.stderr)
-        return 2
-    seeds = [int(s) for s in args.seeds.split(",")]
-    runs = study_runs(arms, seeds)
-    overrides = ["logger=disabled", "rollout.progress=false", *extra]
-    return drive_study(
-        args,
-        argv,
-        args.root,
-        runs,
-        overrides,
-        lambda steps: write_parity_report(args.root, runs, steps, args.docs),
-        "sparrow.experiments.parity_study",
-    )
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="parity_study", description=__doc__.splitlines()[0], usage=__doc__
-    )
-    p.add_argument("--root", type=Path, default=REPO / "runs/parity", help="study root")
-    p.add_argument("--docs", type=Path, default=REPO / "docs/parity", help="README + plots")
-    p.add_argument("--arms", default="online,dense,aggressive", help="comma-separated arms")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    p.add_argument("--jobs", type=int, default=1, help="runs at a time")
-    p.add_argument("--report", action="store_true", help="only write the table and plots")
-    p.add_argument("--status", action="store_true", help="print one line per run and exit")
-    p.add_argument("--background", action="store_true", help="detach; log to ROOT/study.log")
-    return p
+    return study_main(STUDY, argv)
 
 
 if __name__ == "__main__":
-    import signal
-
-    from sparrow.experiments.study_runs import _terminate
-
-    signal.signal(signal.SIGTERM, _terminate)
     sys.exit(main())

@@ -10,11 +10,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.experiments.stability_table import (
+from sparrow.experiments.study_files import (
     TABLE_BEGIN,
     TABLE_END,
-    _rows_by_step,
-    _wall_s,
+    rows_by_step,
+    run_wall_s,
     splice_table,
 )
 
@@ -43,7 +43,7 @@ class ParityRun:
 
 
 def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> ParityRun:
-    rows = _rows_by_step(root / name)
+    rows = rows_by_step(root / name)
     evals = [s for s, r in sorted(rows.items()) if "eval/accuracy" in r]
     last = rows[evals[-1]] if evals else {}
     train = [r for s, r in sorted(rows.items()) if s > 0 and "reward/mean" in r]
@@ -74,7 +74,7 @@ def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> Parit
         p5_held=_mean([float(h) for h in held]),
         tis_truncated=_mean([v for r in train if _finite(v := truncated_frac(r))]),
         updates=sum(1 for r in train if not r.get("update/no_signal")),
-        wall_h=_wall_s(root, name) / 3600,
+        wall_h=run_wall_s(root, name) / 3600,
     )
 
 
@@ -170,7 +170,7 @@ def plot_arms(root: Path, runs: list[ParityRun], out: Path) -> None:
     for file, (value, label) in panels.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for r in runs:
-            rows = _rows_by_step(root / r.name)
+            rows = rows_by_step(root / r.name)
             points = [(s, value(row)) for s, row in sorted(rows.items()) if _finite(value(row))]
             if points:
                 xs, ys = zip(*points, strict=True)

@@ -4,34 +4,20 @@ rollout speedup vs the dense run, wall time from the study's status.jsonl), writ
 markers into a README next to sparrow-report's overlay plots."""
 
 import datetime
-import json
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparrow.cli.report import main as report_main
-from sparrow.train.logs.metrics_logger import read_metrics
-
-REPO = Path(__file__).resolve().parents[2]
-TABLE_BEGIN = "<!-- study-table:begin -->"
-TABLE_END = "<!-- study-table:end -->"
-
-
-def _rows_by_step(run_dir: Path) -> dict[int, dict]:
-    """metrics.jsonl rows keyed by step; a step re-logged after a resume keeps its last row."""
-    rows: dict[int, dict] = {}
-    for row in read_metrics(run_dir):
-        rows[int(row["step"])] = row
-    return rows
-
-
-def _wall_s(root: Path, name: str) -> float:
-    path = root / "status.jsonl"
-    if not path.is_file():
-        return 0.0
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sum(r["wall_s"] for r in rows if r["run"] == name)
+from sparrow.experiments.study_files import (
+    REPO,
+    TABLE_BEGIN,
+    TABLE_END,
+    rows_by_step,
+    run_wall_s,
+    splice_table,
+)
 
 
 def _values(rows: dict[int, dict], key: str, training_only: bool = True) -> list[float]:
@@ -70,7 +56,7 @@ class RunSummary:
 
 
 def summarize(root: Path, run, steps: int, dense_tok_s: float | None) -> RunSummary:
-    rows = _rows_by_step(root / run.name)
+    rows = rows_by_step(root / run.name)
     evals = [s for s, r in sorted(rows.items()) if "eval/accuracy" in r]
     last = rows[evals[-1]] if evals else None
     reward = _values(rows, "reward/mean")
@@ -103,7 +89,7 @@ def summarize(root: Path, run, steps: int, dense_tok_s: float | None) -> RunSumm
         speedup=speedup,
         speedup_source=source,
         speedup_predicted=_mean(_values(rows, "speedup/predicted")),
-        wall_h=_wall_s(root, run.name) / 3600,
+        wall_h=run_wall_s(root, run.name) / 3600,
     )
 
 
@@ -141,7 +127,7 @@ def format_table(summaries: list[RunSummary]) -> str:
 
 def write_report(root: Path, runs: list, steps: dict, docs: Path) -> Path:
     """Overlay plots (sparrow-report) under docs/plots and the table into docs/README.md."""
-    dense = _rows_by_step(root / "dense")
+    dense = rows_by_step(root / "dense")
     dense_tok_s = _rollout_tok_s(dense) if dense else None
     summaries = [summarize(root, r, steps[r.name], dense_tok_s) for r in runs]
     logged = [root / r.name for r in runs if (root / r.name / "metrics.jsonl").is_file()]
@@ -161,21 +147,6 @@ def write_report(root: Path, runs: list, steps: dict, docs: Path) -> Path:
     )
     readme = splice_table(docs, block, "Stability study")
     print(f"table: {readme}; plots: {docs / 'plots'}")
-    return readme
-
-
-def splice_table(docs: Path, block: str, title: str) -> Path:
-    """Write `block` (marker lines included) between the table markers of docs/README.md, or
-    append it (to a new README titled `title` when none exists); returns the README's path."""
-    readme = docs / "README.md"
-    docs.mkdir(parents=True, exist_ok=True)
-    text = readme.read_text() if readme.is_file() else f"# {title}\n\n{TABLE_BEGIN}\n{TABLE_END}\n"
-    if TABLE_BEGIN in text and TABLE_END in text:
-        before, rest = text.split(TABLE_BEGIN, 1)
-        text = before + block + rest.split(TABLE_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    readme.write_text(text)
     return readme
 
 

@@ -1,7 +1,7 @@
-"""A study's arms as `sparrow-train` processes, one at a time or `--jobs` at once, each in its run
-dir under the study root with `resume=auto` (a new invocation continues an interrupted arm and
-skips a finished one); status lines in ROOT/status.jsonl; `--background` detaches. The stability
-and parity studies define the arms and the report."""
+"""A study's runs as `sparrow-train` processes, one at a time or `jobs` at once, each in its run
+dir under the study root with `resume=auto` (a new invocation continues an interrupted run and
+skips a finished one); a status line per start and end on stdout and in ROOT/status.jsonl. What
+the runs are and what is made of them: study.py."""
 
 import datetime
 import json
@@ -10,15 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.cli.config_loader import ConfigError, compose_dict
-from sparrow.experiments.stability_table import _rows_by_step, _wall_s
+from sparrow.cli.config_loader import compose_dict
+from sparrow.experiments.study_files import REPO
 from sparrow.train.run.checkpoint import verify
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -28,53 +25,12 @@ class StudyRun:
     setting: str  # one line for the table
 
 
-def drive_study(
-    args,
-    argv: list[str],
-    root: Path,
-    runs: list[StudyRun],
-    overrides: list[str],
-    report: Callable[[dict], object],
-    module: str = "sparrow.experiments.stability_study",
-    archived: Callable[[StudyRun, int], str | None] = lambda run, steps: None,
-) -> int:
-    """What a study's command does with its parsed `args`: detach (--background), print one line
-    per run (--status), or run what is not finished and then `report(steps per run)`. A run for
-    which `archived(run, steps)` names a place is complete there (the study's docs folder, kept in
-    git, outlives the run dirs of an earlier checkout) and is not run again."""
-    prog = module.rsplit(".", 1)[-1]
-    try:
-        steps = {r.name: _total_steps(overrides, r) for r in runs}
-    except ConfigError as err:
-        print(f"{prog}: config error: {err}", file=sys.stderr)
-        return 2
-    if args.background:
-        return _start_background(root, [a for a in argv if a != "--background"], module)
-    done = {r.name: where for r in runs if (where := archived(r, steps[r.name]))}
-    if args.status:
-        for run in runs:
-            line = f"{run.name}: complete, archived in {done[run.name]}" if run.name in done else ""
-            print(line or _status_line(root, run, steps[run.name]))
-        return 0
-    if not args.report:
-        root.mkdir(parents=True, exist_ok=True)
-        for run in runs:
-            if run.name in done:
-                _record(root, run, "skipped", f"archived in {done[run.name]}", 0.0)
-        todo = [r for r in runs if r.name not in done]
-        code = _run_all(root, todo, overrides, steps, args.jobs)
-        if code:
-            return code
-    report(steps)
-    return 0
-
-
 def _run_overrides(root: Path, overrides: list[str], run: StudyRun) -> list[str]:
     # The run's own settings come after the shared ones, so they win.
     return [*overrides, *run.overrides, f"run_dir={root / run.name}", "resume=auto"]
 
 
-def _total_steps(overrides: list[str], run: StudyRun) -> int:
+def total_steps(overrides: list[str], run: StudyRun) -> int:
     """rl.steps of the composed config (also catches a bad override before anything starts)."""
     return int(compose_dict(_run_overrides(Path("."), overrides, run)).rl.steps)
 
@@ -85,16 +41,15 @@ def final_checkpoint(run_dir: Path, steps: int) -> Path | None:
     return path if path.is_dir() and verify(path) is None else None
 
 
-def _run_all(
-    root: Path, runs: list[StudyRun], overrides: list[str], steps: dict, jobs: int = 1
+def run_all(
+    prog: str, root: Path, runs: list[StudyRun], overrides: list[str], steps: dict, jobs: int = 1
 ) -> int:
-    if jobs < 1:
-        print("stability_study: --jobs must be >= 1", file=sys.stderr)
-        return 2
+    """Every run in `runs` not finished yet, `jobs` at a time; 2 when another invocation of the
+    study (`prog`) is running in ROOT."""
     root.mkdir(parents=True, exist_ok=True)
     lock = root / "study.pid"
     if lock.exists() and _alive(int(lock.read_text() or 0)):
-        print(f"stability_study: already running (pid {lock.read_text()})", file=sys.stderr)
+        print(f"{prog}: already running (pid {lock.read_text()})", file=sys.stderr)
         return 2
     lock.write_text(str(os.getpid()))
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -148,11 +103,11 @@ def _run_one(
 ) -> None:
     run_dir = root / run.name
     if final_checkpoint(run_dir, steps) is not None:
-        _record(root, run, "skipped", f"final checkpoint step {steps} exists", 0.0)
+        record_status(root, run, "skipped", f"final checkpoint step {steps} exists", 0.0)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "sparrow.cli.train", *_run_overrides(root, overrides, run)]
-    _record(root, run, "started", " ".join(cmd[3:]), 0.0)
+    record_status(root, run, "started", " ".join(cmd[3:]), 0.0)
     t0 = time.monotonic()
     with open(run_dir / "console.log", "a") as log:
         log.write(f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} {cmd}\n")
@@ -165,16 +120,16 @@ def _run_one(
         except BaseException:  # Ctrl-C or SIGTERM: stop the run too; resume=auto continues it
             proc.terminate()
             proc.wait()
-            _record(root, run, "interrupted", "", time.monotonic() - t0)
+            record_status(root, run, "interrupted", "", time.monotonic() - t0)
             raise
         if rc is None:  # the study was stopped while this run (in a worker thread) was going
-            _record(root, run, "interrupted", "", time.monotonic() - t0)
+            record_status(root, run, "interrupted", "", time.monotonic() - t0)
             return
     wall = time.monotonic() - t0
     if rc == 0 and final_checkpoint(run_dir, steps) is not None:
-        _record(root, run, "done", f"{steps} steps", wall)
+        record_status(root, run, "done", f"{steps} steps", wall)
     else:
-        _record(root, run, "failed", f"exit code {rc}, see {run_dir / 'console.log'}", wall)
+        record_status(root, run, "failed", f"exit code {rc}, see {run_dir / 'console.log'}", wall)
 
 
 def _wait(proc: subprocess.Popen, stop: threading.Event | None) -> int | None:
@@ -204,43 +159,13 @@ def _single_process_env(threads: int | None = None) -> dict:
     return env
 
 
-def _record(root: Path, run: StudyRun, status: str, detail: str, wall_s: float) -> None:
+def record_status(root: Path, run: StudyRun, status: str, detail: str, wall_s: float) -> None:
     """One status line on stdout and in ROOT/status.jsonl (which keeps each invocation's wall)."""
     now = datetime.datetime.now().isoformat(timespec="seconds")
     print(f"{now} {run.name}: {status} {detail} ({wall_s / 60:.1f} min)".rstrip(), flush=True)
     row = {"time": now, "run": run.name, "status": status, "detail": detail, "wall_s": wall_s}
     with open(root / "status.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
-
-
-def _status_line(root: Path, run: StudyRun, steps: int) -> str:
-    rows = _rows_by_step(root / run.name)
-    done = max(rows, default=0)
-    state = "complete" if final_checkpoint(root / run.name, steps) else "incomplete"
-    return (
-        f"{run.name}: {state}, {done}/{steps} steps logged, {_wall_s(root, run.name) / 3600:.2f} h"
-    )
-
-
-def _start_background(
-    root: Path, argv: list[str], module: str = "sparrow.experiments.stability_study"
-) -> int:
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "study.log", "a") as log:  # the child holds its own copy of the file
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, *argv],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # survives the terminal; its runs go one after another
-            cwd=REPO,
-        )
-    print(
-        f"{module.rsplit('.', 1)[-1]} running in the background (pid {proc.pid}); "
-        f"log: {root / 'study.log'}"
-    )
-    print(f"stop it with: kill {proc.pid}   (re-run the command to continue where it stopped)")
-    return 0
 
 
 def _alive(pid: int) -> bool:
@@ -253,7 +178,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")

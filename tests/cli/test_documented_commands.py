@@ -194,7 +194,9 @@ def check_exists(command: Command) -> None:
         assert spec is not None and spec.origin, f"no module {module}: {command}"
         source = Path(spec.origin).read_text()
         assert 'if __name__ == "__main__"' in source, f"{module} cannot run as -m: {command}"
-        assert "ArgumentParser(" in source, f"{module} has no argument parser: {command}"
+        # Its own parser, or a declared study's (sparrow.experiments.study builds it).
+        parser = "ArgumentParser(" in source or "study_main(" in source
+        assert parser, f"{module} has no argument parser: {command}"
         return
     script = console_script(command.program)
     script.load()

@@ -12,21 +12,24 @@ import pytest
 from sparrow.cli.config_loader import load_config
 from sparrow.experiments import correction_study as study
 from sparrow.experiments import correction_table as table
+from sparrow.experiments.study_files import REPO, TABLE_BEGIN, TABLE_END
+
+ARMS = {arm.name: arm for arm in study.ARMS}
 
 
 def test_runs_are_seed_major_and_seeded_by_seed_alone():
-    runs = study.study_runs(list(study.ARMS), [0, 1])
-    assert [r.name for r in runs[:5]] == [f"{arm}_s0" for arm in study.ARMS]
-    assert [r.name for r in runs[5:]] == [f"{arm}_s1" for arm in study.ARMS]
+    runs = study.STUDY.runs(list(ARMS), [0, 1])
+    assert [r.name for r in runs[:5]] == [f"{arm}_s0" for arm in ARMS]
+    assert [r.name for r in runs[5:]] == [f"{arm}_s1" for arm in ARMS]
     for run in runs:
         seed = run.name.rsplit("_s", 1)[1]
         assert f"seed={seed}" in run.overrides
         assert not any(o.startswith("data.shuffle_seed") for o in run.overrides)
 
 
-@pytest.mark.parametrize("arm", list(study.ARMS))
+@pytest.mark.parametrize("arm", list(ARMS))
 def test_each_arm_configures_what_it_says(arm):
-    cfg = load_config(["preset=tiny", *study.ARMS[arm][0]])
+    cfg = load_config(["preset=tiny", *ARMS[arm].overrides])
     sparse = arm != "dense"
     assert (cfg.schedule.mode, cfg.schedule.budgets_pages) == (
         ("fixed", [3]) if sparse else ("dense", cfg.schedule.budgets_pages)
@@ -50,7 +53,7 @@ def _table_row(readme: Path, name: str) -> list[str]:
 def _table(readme: Path) -> str:
     """The generated block without its time stamp."""
     text = readme.read_text()
-    block = text[text.index(table.TABLE_BEGIN) : text.index(table.TABLE_END)]
+    block = text[text.index(TABLE_BEGIN) : text.index(TABLE_END)]
     return block.split("\n", 2)[2]
 
 
@@ -94,6 +97,21 @@ def test_tiny_study_runs_reports_and_regenerates_from_the_copies(tmp_path, capsy
     shutil.rmtree(root)
     assert study.main([*argv, "--report", *tiny]) == 0
     assert _table(readme) == before
+
+
+def test_the_committed_table_regenerates_from_the_committed_runs(tmp_path):
+    """docs/correction/README.md's table is what `--report` makes of docs/correction/runs alone
+    (five arms x three seeds in the repo), with no run dir."""
+    docs = REPO / "docs" / "correction"
+    copy = tmp_path / "correction"
+    shutil.copytree(docs / "runs", copy / "runs")
+    shutil.copy(docs / "README.md", copy / "README.md")
+    argv = ["--root", str(tmp_path / "no_run_dirs"), "--docs", str(copy), "--report"]
+    assert study.main(argv) == 0
+    assert sorted(p.name for p in (copy / "runs").iterdir()) == sorted(
+        f"{arm}_s{seed}" for arm in ARMS for seed in (0, 1, 2)
+    )
+    assert _table(copy / "README.md") == _table(docs / "README.md")
 
 
 def test_table_arithmetic_on_hand_written_metrics(tmp_path):

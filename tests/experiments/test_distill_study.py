@@ -11,7 +11,7 @@ import pytest
 from sparrow.experiments import distill_study
 from sparrow.experiments import distill_table as table
 from sparrow.experiments.distill_tail import settled_budgets
-from sparrow.experiments.stability_table import TABLE_BEGIN, TABLE_END
+from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END
 
 TINY = [
     "rl.steps=2",

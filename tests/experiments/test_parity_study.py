@@ -9,7 +9,7 @@ from sparrow.experiments import parity_table as table
 
 
 def test_runs_cover_every_arm_with_the_same_seeds():
-    runs = parity_study.study_runs(["online", "dense", "aggressive"], [0, 1])
+    runs = parity_study.STUDY.runs(["online", "dense", "aggressive"], [0, 1])
     assert [r.name for r in runs] == [
         "online_s0", "dense_s0", "aggressive_s0", "online_s1", "dense_s1", "aggressive_s1",
     ]  # fmt: skip
