@@ -40,7 +40,12 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from sparrow.rl.rollout_correction import MAX_LOG_RATIO, CorrectionConfig, make_correction
+from sparrow.rl.rollout_correction import (
+    MAX_LOG_RATIO,
+    Correction,
+    CorrectionConfig,
+    make_correction,
+)
 
 # verl's bound on a token's k3 (its lower bound, -10, cannot bind: k3 >= 0).
 K3_MAX = 10.0
@@ -244,21 +249,11 @@ class PolicyLoss:
             without tokens (the identities of min/max).
         """
         cfg = self.cfg
-        log_ratio = logprobs - old_logprobs.detach()  # (B, T)
-        pg, clipped_low, clipped_high = ppo_clip_token_loss(
-            log_ratio, advantages, cfg.clip_low, cfg.clip_high
-        )  # (B, T)
-        dual_clipped = torch.zeros_like(loss_mask)  # (B, T)
-        if self._dual_clip is not None:
-            pg, dual_clipped = self._dual_clip(pg, advantages)
+        pg, *clipped = self._clipped_token_loss(logprobs, old_logprobs, advantages, loss_mask)
         correction = self._correction(old_logprobs, rollout_logprobs, loss_mask)
         pg = pg * correction.weight  # (B, T)
         kept = loss_mask & ~correction.rejected  # (B, T) what the policy and KL terms sum over
-        mean = partial(global_token_mean, mask=loss_mask, global_num_tokens=global_num_tokens)
-        if cfg.aggregation == "token_mean":
-            step = StepCounts(global_num_tokens)
-        elif step is None:
-            raise ValueError(f"aggregation {cfg.aggregation!r} needs the step's counts (step=)")
+        step = self._step_counts(step, global_num_tokens)
         agg = partial(aggregate, mask=kept, mode=cfg.aggregation, step=step)
         pg_loss = agg(pg)
         loss = pg_loss
@@ -271,20 +266,64 @@ class PolicyLoss:
             loss = loss + cfg.kl_coef * kl
             metrics["kl_ref"] = kl.detach()
         with torch.no_grad():
-            w = correction.weight.float()
-            metrics |= {
-                "pg_loss": pg_loss.detach(),
-                "clip_frac_low": mean(clipped_low.float()),
-                "clip_frac_high": mean(clipped_high.float()),
-                "dual_clip_frac": mean(dual_clipped.float()),
-                "correction/weight_mean": mean(w),
-                "correction/weight_min": torch.where(loss_mask, w, torch.inf).amin(),
-                "correction/weight_max": torch.where(loss_mask, w, -torch.inf).amax(),
-                "correction/truncated_frac": mean(correction.truncated.float()),
-                "correction/masked_frac": mean(correction.masked.float()),
-                # Schulman's k3 of KL(old || current) on tokens from old: (r - 1) - log r.
-                "approx_kl": mean(kl_k3(old_logprobs, logprobs.detach())),
-            }
+            mean = partial(global_token_mean, mask=loss_mask, global_num_tokens=global_num_tokens)
+            metrics["pg_loss"] = pg_loss.detach()
+            metrics |= _diagnostics(mean, clipped, correction, loss_mask, old_logprobs, logprobs)
             if entropy is not None:
                 metrics["entropy"] = mean(entropy.float())
         return loss, metrics
+
+    def _step_counts(
+        self, step: StepCounts | None, global_num_tokens: float | Tensor
+    ) -> StepCounts:
+        """The denominators the aggregation divides by: token_mean's is the token count alone;
+        the seq_* aggregations need the caller's sequence count and L."""
+        if self.cfg.aggregation == "token_mean":
+            return StepCounts(global_num_tokens)
+        if step is None:
+            raise ValueError(
+                f"aggregation {self.cfg.aggregation!r} needs the step's counts (step=)"
+            )
+        return step
+
+    def _clipped_token_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(pg, clipped_low, clipped_high, dual_clipped), each (B, T): PPO's clipped surrogate
+        per token, dual-clipped when configured (dual_clipped all False otherwise), and where
+        each clip bound."""
+        log_ratio = logprobs - old_logprobs.detach()  # (B, T)
+        pg, clipped_low, clipped_high = ppo_clip_token_loss(
+            log_ratio, advantages, self.cfg.clip_low, self.cfg.clip_high
+        )  # (B, T)
+        dual_clipped = torch.zeros_like(loss_mask)  # (B, T)
+        if self._dual_clip is not None:
+            pg, dual_clipped = self._dual_clip(pg, advantages)
+        return pg, clipped_low, clipped_high, dual_clipped
+
+
+def _diagnostics(
+    mean: Callable[[Tensor], Tensor],
+    clipped: list[Tensor],
+    correction: Correction,
+    loss_mask: Tensor,
+    old_logprobs: Tensor,
+    logprobs: Tensor,
+) -> dict[str, Tensor]:
+    """The loss's detached metrics over the micro-batch's completion tokens: how often each clip
+    bound and the rollout correction acted, the correction's weights, and the update's size.
+    `mean` is the step's token mean; `clipped` (clipped_low, clipped_high, dual_clipped)."""
+    clipped_low, clipped_high, dual_clipped = clipped
+    w = correction.weight.float()
+    return {
+        "clip_frac_low": mean(clipped_low.float()),
+        "clip_frac_high": mean(clipped_high.float()),
+        "dual_clip_frac": mean(dual_clipped.float()),
+        "correction/weight_mean": mean(w),
+        "correction/weight_min": torch.where(loss_mask, w, torch.inf).amin(),
+        "correction/weight_max": torch.where(loss_mask, w, -torch.inf).amax(),
+        "correction/truncated_frac": mean(correction.truncated.float()),
+        "correction/masked_frac": mean(correction.masked.float()),
+        # Schulman's k3 of KL(old || current) on tokens from old: (r - 1) - log r.
+        "approx_kl": mean(kl_k3(old_logprobs, logprobs.detach())),
+    }
