@@ -341,13 +341,11 @@ def compile_only(args) -> int:
     return 1 if report["errors"] else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.compile_only:
-        return compile_only(args)
-    bench = build(args)
+def report_header(args, bench: Bench) -> dict:
+    """The report's description of the run (device, model shape, sparse settings, what is
+    timed); main adds the runs, their errors and the checks."""
     c = bench.config
-    report = {
+    return {
         "bench": "decode-step",
         "device": torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu",
         "device_type": args.device.type,
@@ -380,6 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         "kv_pool_bytes": kv_bytes(bench, args, 1)["pool"],
         "runs": [],
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.compile_only:
+        return compile_only(args)
+    bench = build(args)
+    report = report_header(args, bench)
     print(
         f"decode step, {args.model} {args.dtype} on {report['device']}: context {args.context}, "
         f"budget {args.budget_tokens} tokens, {report['timer']}, median of {args.iters}"
