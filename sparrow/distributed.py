@@ -14,7 +14,7 @@ import pickle
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -144,7 +144,7 @@ class Ranks:
         """All ranks' (N,) per-token values and their (N,) positions, concatenated."""
         if self.world == 1:
             return values, positions
-        parts = [None] * self.world
+        parts: list[Any] = [None] * self.world
         dist.all_gather_object(parts, (values.cpu(), positions.cpu()))
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
@@ -152,7 +152,7 @@ class Ranks:
         """The whole list back, in its order, from every rank's share `whole[rank::world]`."""
         if self.world == 1:
             return list(values)
-        parts = [None] * self.world
+        parts: list[Any] = [None] * self.world
         dist.all_gather_object(parts, list(values))
         total = sum(len(p) for p in parts)
         return [parts[i % self.world][i // self.world] for i in range(total)]
@@ -175,11 +175,11 @@ class Ranks:
                 failure = err
                 box[0] = (None, _portable(err))
         dist.broadcast_object_list(box, src=0, device=collective_device())
-        value, err = box[0]
+        value, error = box[0]
         if failure is not None:
             raise failure
-        if err is not None:
-            raise err
+        if error is not None:
+            raise error
         return value
 
 

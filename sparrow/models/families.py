@@ -61,7 +61,7 @@ def closest_family(model_type: str) -> str:
 
 def attention_biases(config) -> tuple[bool, bool]:
     """(q/k/v biases, o bias) of a config; a config of no listed family reads attention_bias."""
-    family = FAMILIES.get(getattr(config, "model_type", None))
+    family = FAMILIES.get(getattr(config, "model_type", ""))
     biases = family.biases if family else BIAS_FROM_CONFIG
     if biases == BIAS_QKV:
         return True, False
@@ -77,11 +77,11 @@ def check_family(config, context_tokens: int | None = None, context_from: str = 
     `context_tokens`: the longest sequence the run can hold, set by `context_from` (the keys, for
     the message); a Mistral `sliding_window` is checked against it (None: not checked)."""
     model_type = getattr(config, "model_type", None)
-    family = FAMILIES.get(model_type)
+    family = FAMILIES.get(str(model_type))
     if family is None:
         raise ValueError(
             f"model_type {model_type!r} not supported; the closest supported family is "
-            f"{closest_family(model_type)!r} (supported: {', '.join(FAMILIES)})"
+            f"{closest_family(str(model_type))!r} (supported: {', '.join(FAMILIES)})"
         )
     if getattr(config, "mlp_bias", False) or getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(

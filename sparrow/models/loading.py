@@ -70,10 +70,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     dtype = _torch_dtype(cfg.dtype)
     if cfg.name in TINY_FAMILIES:
         return _load_tiny(TINY_FAMILIES[cfg.name], cfg.seed, dtype)
-    if cfg.name == SMOLLM2:
-        path = smollm2_dir(cfg.cache_dir)
-    else:
-        path = cfg.name
+    path = str(smollm2_dir(cfg.cache_dir)) if cfg.name == SMOLLM2 else cfg.name
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, trust_remote_code=cfg.trust_remote_code

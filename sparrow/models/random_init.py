@@ -16,6 +16,7 @@ through the same path, for CPU tests.
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -29,7 +30,7 @@ from sparrow.models.loading import (
 )
 
 # From the public Qwen3 configs (hidden, MLP width, layers, query heads, KV heads, tied embeddings).
-QWEN3_SHAPES = {
+QWEN3_SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-1.7b": dict(
         hidden_size=2048,
         intermediate_size=6144,
@@ -55,7 +56,7 @@ QWEN3_SHAPES = {
         tie_word_embeddings=False,
     ),
 }
-QWEN3_COMMON = dict(
+QWEN3_COMMON: dict[str, Any] = dict(
     vocab_size=151936,
     head_dim=128,
     max_position_embeddings=40960,
@@ -70,7 +71,7 @@ QWEN3_COMMON = dict(
 RANDOM_MODELS = sorted([*QWEN3_SHAPES, "qwen3-debug"])
 
 
-def random_model_config(name: str) -> transformers.Qwen3Config:
+def random_model_config(name: str) -> transformers.PretrainedConfig:
     if name == "qwen3-debug":
         return tiny_model_config(
             "qwen3", vocab_size=1024, num_hidden_layers=3, max_position_embeddings=40960

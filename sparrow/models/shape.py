@@ -33,7 +33,7 @@ class ModelShape:
     def from_hf_config(cls, config) -> "ModelShape":
         heads = config.num_attention_heads
         qkv_bias, o_bias = attention_biases(config)
-        family = FAMILIES.get(getattr(config, "model_type", None))
+        family = FAMILIES.get(getattr(config, "model_type", ""))
         return cls(
             num_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size,

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 # Before importing deepspeed: pick its CPU accelerator explicitly (it otherwise warns on import).
 if not torch.cuda.is_available():
@@ -70,7 +71,7 @@ LossFn = Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, dict[str, Any]]]
 class DenseActor:
     """DeepSpeed-wrapped dense policy: log-probs, GRPO updates, weight gather, checkpoints."""
 
-    def __init__(self, model: nn.Module, cfg: ActorConfig):
+    def __init__(self, model: PreTrainedModel, cfg: ActorConfig):
         self.cfg = cfg
         on_gpu = torch.cuda.is_available()
         _init_distributed("nccl" if on_gpu else "gloo", cfg.collective_timeout_min)
@@ -87,7 +88,7 @@ class DenseActor:
                 {"params": no_decay, "weight_decay": 0.0},
             ],
             lr=cfg.lr,
-            betas=tuple(cfg.betas),
+            betas=(cfg.betas[0], cfg.betas[1]),  # a config list as AdamW's pair
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg))
         self.engine, _, _, _ = deepspeed.initialize(
@@ -108,7 +109,7 @@ class DenseActor:
             self.engine.enable_backward_allreduce = False
 
     @property
-    def model(self) -> nn.Module:
+    def model(self) -> PreTrainedModel:
         """The wrapped HF model (its parameters are partitioned under ZeRO-3)."""
         return self.engine.module.lm
 
@@ -167,7 +168,7 @@ class DenseActor:
         self._check_same_count_on_all_ranks(len(slices), "compute_logprobs micro-batches")
         outs = []
         for sl in slices:
-            mb_groups = None if groups is None else tuple(g[sl] for g in groups)
+            mb_groups = None if groups is None else (groups[0][sl], groups[1][sl])
             outs.append(
                 self._forward(input_ids[sl], attention_mask[sl], topk, temperature, mb_groups)
             )
@@ -194,8 +195,10 @@ class DenseActor:
         if budget == 0:
             return micro_batch_slices(len(attention_mask), self.cfg.micro_batch_size, group_ids)
         lengths = attention_mask.sum(1).cpu()  # (B,)
-        cpu = (None, None) if group_ids is None else (prompt_lens.cpu(), group_ids.cpu())
-        slices = token_budget_slices(lengths, budget, *cpu)
+        if prompt_lens is not None and group_ids is not None:  # shared prompts
+            slices = token_budget_slices(lengths, budget, prompt_lens.cpu(), group_ids.cpu())
+        else:
+            slices = token_budget_slices(lengths, budget)
         if self.world_size > 1:
             slices = even_out(slices, int(self.ranks.extreme([len(slices)], "max")))
         return slices

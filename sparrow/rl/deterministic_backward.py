@@ -31,11 +31,12 @@ def deterministic_backward(device: torch.device | str):
         return
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
+    # The attribute is a property of a module-class swap that type checkers cannot see.
+    fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
     torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.utils.deterministic.fill_uninitialized_memory = fill  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ def micro_batch_slices(
     """
     if group_ids is None:
         return [slice(s, s + micro_batch_size) for s in range(0, num_rows, micro_batch_size)]
-    slices = []
+    slices: list[slice] = []
     for group in _runs(group_ids):
         if slices and group.stop - slices[-1].start <= micro_batch_size:
             slices[-1] = slice(slices[-1].start, group.stop)
@@ -63,12 +63,14 @@ def token_budget_slices(
     stay within `max_tokens` (a single row over the budget gets a micro-batch of its own).
     lengths (B,) real tokens per row; with `prompt_lens` and `group_ids` (B,) groups share their
     prompt and stay whole where a fresh micro-batch holds them, else are split row-wise."""
-    shared = prompt_lens is not None and group_ids is not None
     num_rows = len(lengths)
-    runs = _runs(group_ids) if shared else [slice(r, r + 1) for r in range(num_rows)]
+    if prompt_lens is not None and group_ids is not None:  # shared prompts
+        runs = _runs(group_ids)
+    else:
+        runs = [slice(r, r + 1) for r in range(num_rows)]
 
     def cost(rows: slice) -> int:
-        if not shared:
+        if prompt_lens is None or group_ids is None:  # unshared
             return layout_tokens(lengths[rows])
         expanded = (rows.stop - rows.start) * int(prompt_lens[rows].max())  # K/V held per row
         return max(layout_tokens(lengths[rows], prompt_lens[rows], group_ids[rows]), expanded)
@@ -81,7 +83,8 @@ def token_budget_slices(
             slices.append(group)  # whole, in a fresh one: its prompt is computed once
         else:
             for row in range(group.start, group.stop):  # too big for any: split row-wise
-                joined = slice(slices[-1].start, row + 1) if slices else None
+                # rows after a group's first always follow a micro-batch (slices is not empty)
+                joined = slice(slices[-1].start if slices else row, row + 1)
                 if row > group.start and cost(joined) <= max_tokens:
                     slices[-1] = joined
                 else:

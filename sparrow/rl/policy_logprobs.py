@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
 from sparrow.distributed import Ranks
 
@@ -44,13 +44,13 @@ class LogprobOutput:
     entropy: Tensor  # (B, T) fp32, entropy of the distribution at t (nats)
 
 
-Scores = tuple[Tensor, Tensor, Tensor, Tensor]  # LogprobOutput's fields, in its order
+Scores = tuple[Tensor, ...]  # LogprobOutput's four fields, in its order
 
 
 class PolicyWithLogprobs(nn.Module):
     """The HF model plus a chunked lm_head, as one module so DeepSpeed's hooks see every call."""
 
-    def __init__(self, lm: nn.Module, chunk_tokens: int, share_prefix: bool = True):
+    def __init__(self, lm: PreTrainedModel, chunk_tokens: int, share_prefix: bool = True):
         super().__init__()
         self.lm = lm
         self.chunk_tokens = chunk_tokens
@@ -212,7 +212,7 @@ class GroupShared(NamedTuple):
 
 
 def group_shared_hidden(
-    decoder: nn.Module,
+    decoder: PreTrainedModel,
     input_ids: Tensor,
     attention_mask: Tensor,
     prompt_lens: Tensor,

@@ -14,14 +14,15 @@ in fp32); the memory plan counts it either way.
 import copy
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+from transformers import PreTrainedModel
 
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.policy_logprobs import PolicyWithLogprobs
 
 
 class ReferencePolicy:
-    def __init__(self, model: nn.Module, cfg: ActorConfig):
+    def __init__(self, model: PreTrainedModel, cfg: ActorConfig):
         frozen = copy.deepcopy(model).eval().requires_grad_(False)
         self.policy = PolicyWithLogprobs(frozen, cfg.logprob_chunk_tokens, cfg.share_prefix)
         self.share_prompts = cfg.share_prompts
@@ -37,7 +38,7 @@ class ReferencePolicy:
         """(b, T) fp32 log-probs of the micro-batch's tokens (0 at t = 0 and on padding)."""
         device = next(self.policy.parameters()).device
         mb = {k: v.to(device) for k, v in micro_batch.items()}
-        groups = ()
+        groups: tuple[Tensor, ...] = ()
         if self.share_prompts and "prompt_lens" in mb and "group_ids" in mb:
             groups = (mb["prompt_lens"], mb["group_ids"])
         scores = self.policy(mb["input_ids"], mb["attention_mask"], 0, temperature, *groups)

@@ -163,13 +163,14 @@ def no_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor):
 
 def make_correction(cfg: CorrectionConfig) -> CorrectionFn:
     """The mode's function, (old_logprobs, rollout_logprobs, mask) (B, T) each -> Correction."""
-    return {
+    modes: dict[str, CorrectionFn] = {
         "tis": partial(token_tis, cap=cfg.cap),
         "token_mask": partial(token_mask, lo=cfg.lo, hi=cfg.hi),
         "seq_tis": partial(sequence_tis, cap=cfg.cap),
         "seq_mask": partial(sequence_mask, lo=cfg.lo, hi=cfg.hi),
         "none": no_correction,
-    }[cfg.mode]
+    }
+    return modes[cfg.mode]
 
 
 def make_rejection(cfg: CorrectionConfig) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:

@@ -13,6 +13,7 @@ few ops per step. All graphs share one memory pool, as at most one of them runs 
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,7 +33,7 @@ class DecodeGraphs:
         self.forward = forward  # step -> logits (B, V), free of host syncs
         self.max_graphs = max_graphs
         self._graphs: dict[tuple, _Graph] = {}
-        self._pool = None
+        self._pool: Any = None  # the first graph's memory pool (torch's private handle type)
         self.num_captured = 0
         self.num_replayed = 0
         self.num_eager = 0

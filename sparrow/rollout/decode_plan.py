@@ -115,7 +115,9 @@ class DecodePlan:
         ps = self.page_size
         known, epoch = self._known, self._epoch
         slots, tokens, lens, last_page = [], [], [], []
-        rows, cols, pages = [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        pages: list[int] = []
         longest = 0
         for seq, slot in zip(seqs, known_slots, strict=True):
             if slot is None or epoch[slot] != seq.num_preemptions:

@@ -45,7 +45,10 @@ class DenseKVCopy:
         self.active = False  # whether this step's dense layers use the copies
         self._appendable = False
         self._batch = self._longest = 0
-        self._rows = self._positions = self.bias = None
+        # Set by begin_step: (B,) rows, (B,) positions of the new tokens, (B, 1, 1, T) bias.
+        self._rows: Tensor | None = None
+        self._positions: Tensor | None = None
+        self.bias: Tensor | None = None
 
     def invalidate(self) -> None:
         """Pages were written other than by decode (a prefill): every copy is rebuilt next step."""
@@ -90,12 +93,17 @@ class DenseKVCopy:
         batch, longest = self._batch, self._longest
         copy = self._copies.get(layer)
         fits = copy is not None and copy[0].shape[0] >= batch and copy[0].shape[2] >= longest
-        if fits and self._appendable and self._updated.get(layer) == self._step - 1:
+        if (
+            copy is not None
+            and fits
+            and self._appendable
+            and self._updated.get(layer) == self._step - 1
+        ):
             keys, values = copy[0][:batch], copy[1][:batch]
             keys[self._rows, :, self._positions] = k.to(self._dtype)
             values[self._rows, :, self._positions] = v.to(self._dtype)
         else:
-            if not fits:
+            if copy is None or not fits:
                 # Zeros: slots past a row's length are read (then masked) and must not hold NaN.
                 capacity = min(longest + self.grow_tokens, self.pool_tokens // batch)
                 shape = (batch, self._head[0], capacity, self._head[1])

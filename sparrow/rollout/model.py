@@ -180,7 +180,8 @@ class DecoderModel:
         if factors is None:
             self.lora = None
             return
-        named = {hf_weight_name(name): pair for name, pair in factors.items()}
+        # A name that is no weight stays as given, for the unknown-name error.
+        named = {hf_weight_name(name) or name: pair for name, pair in factors.items()}
         self.lora = build_layer_loras(named, self._targets, self.shape.num_layers)
 
     def _matrices(self) -> list[Tensor]:
@@ -262,16 +263,21 @@ class DecoderModel:
         for i, w in enumerate(self.layers):
             d = None if lora is None else lora[i]
             x, h = self._add_norm(x, mlp_out, w.input_norm)
-            qkv = self._project(h, w.qkv, w.qkv_bias, d and d.qkv, lora_gate)
+            qkv = self._project(h, w.qkv, w.qkv_bias, d.qkv if d else None, lora_gate)
             qkv = qkv.view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
             qk, v = qkv[:, :num_qk_heads], qkv[:, num_qk_heads:]  # (N, H_q + H_kv, D), (N, H_kv, D)
             qk = self._qk_norm_rope(qk, w.qk_norm, cos, sin)  # q and k heads together
             q, k = qk[:, : s.num_q_heads], qk[:, s.num_q_heads :]  # (N, H_q, D), (N, H_kv, D)
             o = attend(i, q, k, v)  # (N, H_q, D)
-            attn_out = self._project(o.reshape(n, -1), w.o, w.o_bias, d and d.o, lora_gate)
+            attn_out = self._project(o.reshape(n, -1), w.o, w.o_bias, d.o if d else None, lora_gate)
             x, h = self._add_norm(x, attn_out, w.post_norm)
-            gate_up = self._project(h, w.gate_up, None, d and d.gate_up, lora_gate)  # (N, 2 I)
-            mlp_out = self._project(self._swiglu(gate_up), w.down, None, d and d.down, lora_gate)
+            gate_up = self._project(
+                h, w.gate_up, None, d.gate_up if d else None, lora_gate
+            )  # (N, 2 I)
+            mlp_out = self._project(
+                self._swiglu(gate_up), w.down, None, d.down if d else None, lora_gate
+            )
+        assert mlp_out is not None, "a model has at least one layer"
         return x + mlp_out
 
     def _add_norm(
@@ -309,7 +315,10 @@ class DecoderModel:
     ) -> Tensor:
         """x (N, in) -> (N, out): x W^T + b, plus the LoRA delta on the gated rows."""
         y = self.linear(x, weight, bias)
-        return y if delta is None else y + delta(x, gate)
+        if delta is None:
+            return y
+        assert gate is not None, "a LoRA delta applies only where decode gets a gate"
+        return y + delta(x, gate)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         hidden = self._add_norm(hidden, None, self.final_norm)[1]

@@ -69,6 +69,14 @@ class TokenRecords:
     and doubles when a sequence outgrows it (up to max_tokens), so memory follows the longest
     completion so far rather than max_tokens (32K-token caps with a few hundred sequences)."""
 
+    # The buffers `_grow` sets by name, one per `_specs` entry.
+    logprobs: Tensor
+    sampling_logprobs: Tensor
+    topk_ids: Tensor
+    topk_logprobs: Tensor
+    budget_pages: Tensor
+    context_lens: Tensor
+
     def __init__(self, num_seqs: int, max_tokens: int, topk: int, device: torch.device):
         self.max_tokens = max_tokens
         self.device = device
