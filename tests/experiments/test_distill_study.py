@@ -16,7 +16,7 @@ from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END
 TINY = [
     "rl.steps=2",
     "rl.eval.every=0",
-    "schedule.page_size=4",  # the tiny prompts span ~12-16 pages of 4 tokens: sparse decoding
+    "rollout.engine.page_size=4",  # the tiny prompts span ~12-16 pages of 4 tokens: sparse decoding
     "schedule.budgets_pages=[3]",
     "distill.lambda_kl=1.0",
     "distill.lr_factor=100",
