@@ -44,13 +44,15 @@ setup(
     # --wandb-workspace). Optional: without them those two say which package to install.
     extras_require={
         "dashboards": DASHBOARDS,
-        "dev": ["pytest>=8", "ruff>=0.5", *DASHBOARDS],
+        # mypy pinned: a newer release may find new errors, and `make lint` must stay clean.
+        "dev": ["pytest>=8", "ruff>=0.5", "mypy==2.4.1", *DASHBOARDS],
     },
     entry_points={
         "console_scripts": [
             "sparrow-train=sparrow.cli.train:main",
             "sparrow-bench=sparrow.bench.cli:main",
             "sparrow-generate=sparrow.cli.generate:main",
+            "sparrow-eval=sparrow.cli.eval_policy:main",
             "sparrow-report=sparrow.cli.report:main",
             "sparrow-calibrate=sparrow.cli.calibrate:main",
         ]

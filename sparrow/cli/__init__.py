@@ -2,6 +2,7 @@
 
 train.py          sparrow-train
 generate.py       sparrow-generate
+eval_policy.py    sparrow-eval: a saved policy scored (accuracy, pass@j, mean@k) without training
 calibrate.py      sparrow-calibrate
 report.py         sparrow-report: the panels as PNGs, or as a W&B workspace
 report_runs.py    the run directories a report reads

@@ -6,6 +6,7 @@ cannot parse for want of quotes (a run dir with spaces split by the shell) gets 
 that works. This is the only place that turns a DictConfig into dataclasses.
 """
 
+import json
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from sparrow.cli.errors import UserError
+from sparrow.cli.moved_keys import moved_key_error, without_moved_keys
 from sparrow.train.config import SparrowConfig
 
 
@@ -43,6 +45,9 @@ def compose_dict(overrides: list[str], config_name: str = "config"):
             f"{hydra_keys[0].split('=')[0]} is not used by sparrow: set run_dir=PATH for the "
             "output directory"
         )
+    moved = moved_key_error(overrides)
+    if moved:  # Hydra would say only that the key is not in the schema
+        raise ConfigError(moved)
     ConfigStore.instance().store(name="sparrow_schema", node=SparrowConfig)
     GlobalHydra.instance().clear()
     try:
@@ -63,6 +68,25 @@ def load_config(overrides: list[str]) -> SparrowConfig:
         raise ConfigError(_one_line(err)) from err
     except ValueError as err:  # a config dataclass's __post_init__ rejected a value
         raise ConfigError(str(err)) from err
+
+
+def load_stored_config(path: Path) -> SparrowConfig:
+    """The config a run dir stored (`run_config.json`, sparrow/train/run/stored_config.py),
+    checked against today's schema; its `resume` is dropped (reading a run never resumes it)."""
+    try:
+        tree = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path}: not a readable run config ({_one_line(err)})") from err
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: not a run config (a JSON object)")
+    tree = without_moved_keys(tree)  # an older sparrow's copies of a shared knob
+    tree["resume"] = "never"
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SparrowConfig), tree))
+    except OmegaConfBaseException as err:  # a key today's schema lacks, or a wrong type
+        raise ConfigError(f"{path} does not fit this sparrow's config: {_one_line(err)}") from err
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from err
 
 
 def _quoting_hint(err: BaseException, overrides: list[str]) -> str | None:

@@ -233,6 +233,7 @@ def parse_only(command: Command, capsys) -> list[str]:
 def test_the_documents_name_commands():
     programs = {c.program for c in COMMANDS_FOUND}
     assert {"sparrow-train", "sparrow-bench", "sparrow.experiments.distill_study"} <= programs
+    assert "sparrow-eval" in programs  # README: scoring a run's exported policy (issue 50)
 
 
 def test_extract_reads_code_blocks_tables_and_spans():
@@ -294,6 +295,8 @@ def test_documented_command_names_an_entry_point_and_parses(command, capsys):
         "sparrow-train rl.no_such_key=1",
         "sparrow-train preset=tiny --cfg job rl.no_such_key=1",
         "sparrow-calibrate --budgets 4,8 --no-such-flag",
+        "sparrow-eval runs/default --samples many",
+        "sparrow-eval",  # its policy is required
         "sparrow-report",  # its run directory is required
     ],
 )

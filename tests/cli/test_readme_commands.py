@@ -32,6 +32,7 @@ FEWEST = {
     "sparrow-report": [],
     "sparrow-calibrate": ["--prompts", "1", "--samples", "2", "--online", "1"],
     "sparrow-generate": [],
+    "sparrow-eval": [],
     "sparrow-bench decode-step": [],  # a tiny shape on a CPU
     "sparrow-bench kernel": ["--contexts", "1024", "--budgets", "256", "--iters", "1"],
     "sparrow-bench rollout": ["--batch", "1", "--new-tokens", "4", "--sparse-new-tokens", "4"],
@@ -77,16 +78,18 @@ def test_readme_command_runs_to_completion(command, tmp_path):
     args = shlex.split(command) + FEWEST[key(command)]
     if args[0] == "sparrow-train" and "--cfg" not in args:
         args.append(f"run_dir={tmp_path / 'run'}")
-    if args[0] == "sparrow-report":  # the default run's metrics, from a one-step run
-        subprocess.run([sys.executable, "-m", "sparrow.cli.train", "preset=smoke",
+    if args[0] in ("sparrow-report", "sparrow-eval"):  # the default run's metrics and policy,
+        subprocess.run([sys.executable, "-m", "sparrow.cli.train", "preset=smoke",  # 2 steps
                         f"run_dir={tmp_path / 'runs/default'}"], cwd=tmp_path, env=env,
                        check=True, capture_output=True)  # fmt: skip
-        args = ["sparrow-report", str(tmp_path / "runs/default")]
+        args = [args[0], str(tmp_path / "runs/default")]
     if args[0] == "sparrow-calibrate":
         args += ["--out", str(tmp_path / "calibrate")]
     script = Path(sys.executable).with_name(args[0])
     out = subprocess.run([str(script), *args[1:]], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=3600)  # fmt: skip
     assert out.returncode == 0, f"{command}: {out.stderr[-2000:]}"
+    if args[0] == "sparrow-eval":  # the exported policy's accuracy, with its interval
+        assert re.fullmatch(r"accuracy [\d.]+ \(95% CI [\d.]+-[\d.]+, n=\d+\)\n", out.stdout)
     if re.match(r"sparrow-train (?!.*--cfg)(?!.*dry_run=true)", " ".join(args)):
         assert (tmp_path / "run" / "metrics.jsonl").exists()
