@@ -8,6 +8,7 @@ decode_step_args.py  decode-step's arguments and their GPU / CPU defaults
 decode_step_report.py decode-step's problems check, printed rows and JSON file
 step_timer.py        the decode-step's timer: CUDA events or the wall clock, host share
 decode.py            decode: one decode step's launches, host syncs, page-table cost
+dense_shared.py      dense-shared: one prompt's samples, shared pages via the kernel vs copies
 random_runner.py     a prefilled model runner over random weights of a real model's shapes
 kernel.py            kernel: sparse vs dense decode of one layer (time, bytes); --aot
 kernel_aot.py        every Triton variant compiled ahead of time (regs, spills, smem)

@@ -3,6 +3,7 @@
     sparrow-bench actor [--help]              the dense actor: share_prefix on vs off, update RSS
     sparrow-bench decode-step [--help]        whole-model decode step, sparse vs dense: time
     sparrow-bench decode [--help]             one decode step's launches, syncs, page table
+    sparrow-bench dense-shared [--help]       dense decode of one prompt's samples: kernel vs copies
     sparrow-bench distill-attention [--help]  DistillSparse's sparse attention: memory, time
     sparrow-bench kernel [--help]             paged sparse vs dense decode: time, bytes, HBM
     sparrow-bench prefix [--help]             few-shot prompts, shared prefix on vs off
@@ -24,6 +25,7 @@ COMMANDS = {
     "actor": "sparrow.bench.actor",  # the dense actor: share_prefix on vs off, RSS of an update
     "decode-step": "sparrow.bench.decode_step",  # whole-model decode step, sparse vs dense: time
     "decode": "sparrow.bench.decode",  # one decode step: launches per layer, host syncs, page table
+    "dense-shared": "sparrow.bench.dense_shared",  # one prompt's samples: shared pages vs copies
     "distill-attention": "sparrow.bench.distill_attention",  # DistillSparse attention: memory, time
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
     "prefix": "sparrow.bench.prefix",  # generate on few-shot prompts, shared prefix on vs off

@@ -57,6 +57,10 @@ class EngineConfig:
     topk_logprobs: int = 20  # K of the recorded top-K log-probs
     backend: str = "auto"  # kernel backend: "auto" | "torch" | "triton" | "cpp"
     dense_kv_copy: bool = True  # torch backend: dense layers keep contiguous K/V (dense_kv.py)
+    # CPU C++ kernel: the dense layers of rows that share pages (samples of one prompt) read each
+    # shared page once through it; False: per-row contiguous copies, as for rows that share
+    # nothing (`sparrow-bench dense-shared` compares the two).
+    shared_page_kernel: bool = True
     dtype: str = "float32"  # weights, activations and KV cache: float32 | bfloat16 | float16
     linear_backend: str = "torch"  # GEMMs: "torch" (as HF) | "onednn" (CPU fp32, packed, faster)
     # Sampler seed; each generate call reseeds with seed + call index. None: the trainer derives
@@ -112,6 +116,7 @@ class LLMEngine:
             num_recent=cfg.num_recent,
             backend=cfg.backend,
             dense_kv_copy=cfg.dense_kv_copy,
+            shared_page_kernel=cfg.shared_page_kernel,
         )
         linear = Linear(cfg.linear_backend, batch_hint=min(cfg.max_batch_size, 64))
         self.runner = ModelRunner(

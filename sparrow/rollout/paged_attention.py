@@ -53,6 +53,9 @@ class SparseAttentionConfig:
     # torch backend: keep the dense layers' K/V contiguous between steps (dense_kv.py) instead of
     # gathering every page at every step; costs up to the pool's memory again for those layers.
     dense_kv_copy: bool = True
+    # C++ kernel: dense layers of rows that share pages read them through the fused kernel (see
+    # `decode_attention`); False: per-row contiguous copies, as for rows that share nothing.
+    shared_page_kernel: bool = True
 
 
 @dataclass
@@ -149,7 +152,7 @@ class PagedKVCache:
     def reads_shared_pages(self) -> bool:
         """Whether decode reads `DecodeMetadata.shared_pages` (the fused CPU kernel): the runner
         computes it only then."""
-        return self._fused_sparse
+        return self._fused_sparse and self.cfg.shared_page_kernel
 
     @property
     def writes_decode_summaries(self) -> bool:

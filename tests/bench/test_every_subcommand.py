@@ -61,6 +61,13 @@ TINY: dict[str, list[Run]] = {
             slow=True,
         ),
     ],
+    "dense-shared": [  # its own printout: decode tok/s of each path and their ratio
+        Run(
+            "dense-shared --model tiny-qwen3 --context 40 --samples 2 --new-tokens 3 --rounds 1 "
+            "--page-size 8 --json JSON_PATH",
+            "kernel.decode_tok_s copies.decode_tok_s ratio fused_kernel",
+        ),
+    ],
     "distill-attention": [  # docs/distill/README.md: step memory per arm and T, time
         Run(
             "distill-attention --lengths 128 --budget-tokens 32 --time-length 0 --json JSON_PATH",

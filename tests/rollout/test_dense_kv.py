@@ -209,3 +209,25 @@ def test_samples_of_one_prompt_decode_densely_through_the_kernel(lively_llama, m
     calls["all_pages"] = 0
     fused.generate(random_prompts(vocab, [40, 33, 37, 29], seed=4), params)
     assert calls["all_pages"] == 0
+
+
+def test_the_shared_page_kernel_can_be_turned_off(lively_llama, monkeypatch):
+    """`shared_page_kernel=False` (sparrow-bench dense-shared's other arm): samples of one prompt
+    read per-row copies instead of the fused kernel, with the same tokens and log-probs."""
+    from sparrow.rollout import paged_attention
+
+    calls = {"all_pages": 0}
+    real = paged_attention.sparse_decode_cpu
+
+    def counting(*args, **kwargs):
+        calls["all_pages"] += args[6] is None  # budgets: None = every page
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(paged_attention, "sparse_decode_cpu", counting)
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    shared = random_prompts(lively_llama.model.config.vocab_size, [40], seed=3)
+    copies = make_engine(lively_llama, seed=5, shared_page_kernel=False)
+    outs = copies.generate(shared, params, n=4)
+    assert calls["all_pages"] == 0
+    assert_same_outputs(outs, make_engine(lively_llama, seed=5).generate(shared, params, n=4))
+    assert calls["all_pages"] > 0  # the default engine took the kernel on the same prompt
