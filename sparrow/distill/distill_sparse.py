@@ -125,33 +125,58 @@ class DistillSparse:
         with _seeded(self.dropout_seed + self.num_steps, self.device):
             for start in range(0, len(batch), self.cfg.micro_batch_size):
                 rows = slice(start, start + self.cfg.micro_batch_size)
-                mask = batch.completion_mask[rows]  # (b, T)
                 if self.cfg.share_prefix:
                     prefix = self._micro_batch_prefix(batch, rows, whole, prefix)
-                logprobs, topk_logprobs = self.policy.token_logprobs(
-                    batch.input_ids[rows],
-                    mask,
-                    batch.budget_pages[rows],
-                    temperature,
-                    topk_ids=dense_topk[0][rows] if use_topk else None,
-                    prefix=prefix,
-                )  # (b, T), (b, T, K) or None
-                device = logprobs.device
-                loss, metrics = distill_loss(
-                    logprobs,
-                    dense_logprobs[rows].to(device),
-                    advantages_tok[rows].to(device),
-                    mask.to(device),
-                    num_tokens,
-                    pg_coef=self.cfg.pg_coef,
-                    lambda_k3=self.cfg.lambda_k3,
-                    lambda_kl=self.cfg.lambda_kl,
-                    dense_topk_logprobs=dense_topk[1][rows].to(device) if use_topk else None,
-                    sparse_topk_logprobs=topk_logprobs,
-                )
+                loss, metrics = self._micro_batch_loss(
+                    batch, rows, prefix, dense_logprobs, advantages_tok, temperature, num_tokens,
+                    dense_topk if use_topk else None,
+                )  # fmt: skip
                 loss.backward()
                 for key, value in metrics.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
+        grad_norm = self._update_adapter()
+        return {f"distill/{k}": v for k, v in totals.items()} | {"distill/grad_norm": grad_norm}
+
+    def _micro_batch_loss(
+        self,
+        batch: RolloutBatch,
+        rows: slice,
+        prefix,
+        dense_logprobs: Tensor,
+        advantages_tok: Tensor,
+        temperature: float,
+        num_tokens: float,
+        dense_topk: tuple[Tensor, Tensor] | None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """distill_loss of the sparse policy on the batch's `rows`, scored against the dense
+        pass's log-probs (and its top-K when given: the KL term reads the sparse policy's
+        log-probs at the dense top-K ids)."""
+        mask = batch.completion_mask[rows]  # (b, T)
+        logprobs, topk_logprobs = self.policy.token_logprobs(
+            batch.input_ids[rows],
+            mask,
+            batch.budget_pages[rows],
+            temperature,
+            topk_ids=dense_topk[0][rows] if dense_topk is not None else None,
+            prefix=prefix,
+        )  # (b, T), (b, T, K) or None
+        device = logprobs.device
+        return distill_loss(
+            logprobs,
+            dense_logprobs[rows].to(device),
+            advantages_tok[rows].to(device),
+            mask.to(device),
+            num_tokens,
+            pg_coef=self.cfg.pg_coef,
+            lambda_k3=self.cfg.lambda_k3,
+            lambda_kl=self.cfg.lambda_kl,
+            dense_topk_logprobs=dense_topk[1][rows].to(device) if dense_topk is not None else None,
+            sparse_topk_logprobs=topk_logprobs,
+        )
+
+    def _update_adapter(self) -> float:
+        """Sum phi's gradients over ranks, clip, take the optimizer step; the gradient norm
+        before clipping."""
         params = self.policy.parameters()
         # Each rank's loss is already divided by the global token count: the sum is the mean.
         Ranks.of_process_group().sum_gradients_(params)
@@ -160,7 +185,7 @@ class DistillSparse:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.num_steps += 1
-        return {f"distill/{k}": v for k, v in totals.items()} | {"distill/grad_norm": grad_norm}
+        return grad_norm
 
     def _micro_batch_prefix(self, batch: RolloutBatch, rows: slice, whole, last):
         """The prompt prefix the micro-batch's rows share (a GRPO group's whole prompt less one
