@@ -108,7 +108,7 @@ class MetricsLogger:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """All rows of a run's metrics.jsonl; a torn last line (killed mid-write) is ignored."""
-    rows = []
+    rows: list[dict] = []
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return rows

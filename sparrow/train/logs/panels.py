@@ -139,7 +139,11 @@ def decoded_bins(rows: list[dict]) -> set[int] | None:
     counts = [(k, v) for r in rows for k, v in r.items() if k.startswith("accept/count/bin")]
     if not counts:
         return None
-    return {bin_index(k) for k, v in counts if isinstance(v, (int, float)) and v > 0}
+    return {
+        b
+        for k, v in counts
+        if isinstance(v, (int, float)) and v > 0 and (b := bin_index(k)) is not None
+    }
 
 
 def matches(pattern: str, key: str) -> bool:

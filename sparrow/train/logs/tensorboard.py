@@ -13,6 +13,10 @@ files lack (found by reading them back). Scalars are stored as float32 (TensorBo
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard.writer import FileWriter
 
 _EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\..*\.(\d+)$")
 
@@ -36,9 +40,9 @@ class TensorBoardLog:
             ) from err
         self._file_writer_cls = FileWriter
         self.log_dir = Path(log_dir)
-        self._writer = None
+        self._writer: FileWriter | None = None
 
-    def open(self, first_step: int | None = None) -> None:
+    def open(self, first_step: int | None = None) -> "FileWriter":
         """Start this launch's event file; `first_step`: steps from here on are (re)written by
         this launch, so readers drop them from earlier files."""
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
@@ -49,29 +53,26 @@ class TensorBoardLog:
         if first_step is not None:
             start = SessionLog(status=SessionLog.START)
             self._writer.add_event(Event(step=first_step, session_log=start))
+        return self._writer
 
     def log_row(self, row: dict) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        if self._writer is None:
-            self.open()
+        writer = self.open() if self._writer is None else self._writer
         values = [
             Summary.Value(tag=key, simple_value=value)
             for key, value in ((k, _scalar(v)) for k, v in row.items() if k != "step")
             if value is not None
         ]
-        self._writer.add_summary(Summary(value=values), row["step"])
-        self._writer.flush()
+        writer.add_summary(Summary(value=values), row["step"])
+        writer.flush()
 
     def log_histogram(self, step: int, name: str, values) -> None:
         import numpy as np
         from torch.utils.tensorboard.summary import histogram
 
-        if self._writer is None:
-            self.open()
-        self._writer.add_summary(
-            histogram(name, np.asarray(values, dtype=np.float64), "auto"), step
-        )
+        writer = self.open() if self._writer is None else self._writer
+        writer.add_summary(histogram(name, np.asarray(values, dtype=np.float64), "auto"), step)
 
     def last_row_step(self) -> int:
         """The last step whose row the event files hold as TensorBoard reads them (purges

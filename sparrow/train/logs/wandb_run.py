@@ -14,12 +14,14 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, cast
 
 from sparrow.train.logs.panels import PANELS, bin_index, matches
 
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("online", "offline", "disabled")
+WandbMode = Literal["online", "offline", "disabled"]
 STEP_KEY = "step"
 # glob -> summary shown in the run table ("min": the worst step is what a user compares).
 SUMMARIES = {
@@ -93,9 +95,11 @@ class WandbRun:
     def remember(self, row: dict) -> None:
         """Keep the row's per-bin p5 for the heat map (rows W&B already holds too)."""
         cells = [
-            (bin_index(k), float(v))
+            (b, float(v))
             for k, v in row.items()
-            if any(matches(p, k) for p in _HEATMAP.keys) and isinstance(v, (int, float))
+            if any(matches(p, k) for p in _HEATMAP.keys)
+            and isinstance(v, (int, float))
+            and (b := bin_index(k)) is not None
         ]
         if cells:
             self._heatmap[row[STEP_KEY]] = sorted(cells)
@@ -125,11 +129,11 @@ class WandbRun:
 def _init(cfg: WandbConfig, run_dir: Path, config_dict: dict):
     import wandb
 
-    mode = cfg.mode
+    mode = cast(WandbMode, cfg.mode)  # one of WANDB_MODES, checked by WandbConfig
     if mode == "online" and not has_api_key():
         log.warning("W&B online requested but no API key found: logging offline instead")
         mode = "offline"
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         project=cfg.project,
         entity=cfg.entity,
         name=cfg.name or run_dir.name,
