@@ -85,10 +85,10 @@ def _import(source: str, spec: str) -> Any:
         if is_file:
             path = Path(source).expanduser().resolve()
             if not path.is_file():
-                raise RewardFunctionError(
-                    f"{KEY}={spec!r}: no such file {path} (a relative path is taken from the "
-                    f"current directory, {Path.cwd()})"
-                )
+                hint = f" (a relative path is taken from the current directory, {Path.cwd()})"
+                if Path(source).expanduser().is_absolute():
+                    hint = ""
+                raise RewardFunctionError(f"{KEY}={spec!r}: no such file {path}{hint}")
             return _file_module(path)
         return importlib.import_module(source)
     except ModuleNotFoundError as err:

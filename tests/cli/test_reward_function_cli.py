@@ -112,3 +112,15 @@ def test_train_two_steps_with_the_users_reward(tmp_path, capsys, monkeypatch):
     for i, row in enumerate(steps):  # each step logs the mean of what the function returned
         assert row["reward/mean"] == pytest.approx(sum(calls[16 * i : 16 * (i + 1)]) / 16)
     assert 0.25 in calls  # the kwargs reached the function
+
+
+def test_a_relative_path_is_said_to_be_taken_from_the_current_directory(
+    tmp_path, capsys, no_model_load, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["preset=tiny", "run_dir=run", "rl.reward.function=my_reward.py:score"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.endswith(
+        f"no such file {tmp_path}/my_reward.py (a relative path is taken from the current "
+        f"directory, {tmp_path})"
+    ), line
