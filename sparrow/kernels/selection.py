@@ -113,14 +113,7 @@ def selection_plan(
     max_top = min(max_top, max_pages)  # topk takes at most the row's columns
     n = num_logical[:, None, None]  # (B, 1, 1)
     slots = torch.arange(max_selected, device=device)  # (S,)
-    # Slot layout of a sparse row: sink pages, its num_top picks in ascending order, the recent
-    # pages; a dense row holds its pages in order. The picks are the only per-layer part.
-    top_end = (num_sink + num_top)[:, None, None]  # (B, 1, 1)
-    sparse = sparse_row[:, None, None]  # (B, 1, 1)
-    from_top = sparse & (slots >= num_sink) & (slots < top_end)  # (B, 1, S)
-    recent = sparse & (slots >= top_end)  # (B, 1, S)
-    fixed = torch.where(recent, n - num_selected[:, None, None] + slots, slots)  # (B, 1, S)
-    fixed = torch.where(slots < num_selected[:, None, None], fixed, 0)  # padding -> page 0
+    from_top, fixed = _slot_layout(slots, num_logical, num_selected, num_top, sparse_row, num_sink)
     return SelectionPlan(
         phys=phys,
         phys32=phys.to(torch.int32),
@@ -135,6 +128,30 @@ def selection_plan(
         fixed=fixed,
         top_slot=(slots - num_sink).clamp(0, max(max_top - 1, 0)),
     )
+
+
+def _slot_layout(
+    slots: Tensor,
+    num_logical: Tensor,
+    num_selected: Tensor,
+    num_top: Tensor,
+    sparse_row: Tensor,
+    num_sink: int,
+) -> tuple[Tensor, Tensor]:
+    """(from_top, fixed), each (B, 1, S): which selection slots take a page chosen by score, and
+    the logical page every other slot holds (0 for padding past num_selected).
+
+    Slot layout of a sparse row: sink pages, its num_top picks in ascending order, the recent
+    pages; a dense row holds its pages in order. The picks are the only per-layer part, so the
+    rest is fixed here once per step."""
+    n = num_logical[:, None, None]  # (B, 1, 1)
+    top_end = (num_sink + num_top)[:, None, None]  # (B, 1, 1)
+    sparse = sparse_row[:, None, None]  # (B, 1, 1)
+    from_top = sparse & (slots >= num_sink) & (slots < top_end)  # (B, 1, S)
+    recent = sparse & (slots >= top_end)  # (B, 1, S)
+    fixed = torch.where(recent, n - num_selected[:, None, None] + slots, slots)  # (B, 1, S)
+    fixed = torch.where(slots < num_selected[:, None, None], fixed, 0)  # padding -> page 0
+    return from_top, fixed
 
 
 def page_scores_torch(
@@ -175,13 +192,7 @@ def page_scores_torch(
     tables = (summary.k_mean,) if score == "centroid" else (summary.k_max, summary.k_min)
 
     if plan.distinct is not None:
-        num_distinct = plan.distinct.numel()
-        rows = [t.index_select(0, plan.distinct).permute(1, 2, 0) for t in tables]  # (H_kv, D, U)
-        queries = q_groups.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)  # (H_kv, B*G, D)
-        per_page = _score(queries, rows, score)  # (H_kv, B*G, U); G = 1 for centroid
-        per_page = per_page.view(num_kv_heads, batch, -1, num_distinct).amax(dim=2)
-        index = plan.column[:, None, :].expand(batch, num_kv_heads, max_pages)  # (B, H_kv, P)
-        return per_page.permute(1, 0, 2).gather(2, index)  # (B, H_kv, max_pages)
+        return _distinct_page_scores(q_groups, tables, plan.distinct, plan.column, score)
     # Gather (page, head) rows of each table viewed as (pages * H_kv, D), in (B, H_kv, P) order:
     # the result is contiguous (B, H_kv, P, D), one matrix per (sequence, head), which bmm takes
     # as it is. Gathering whole pages gives (B, P, H_kv, D) instead, and matmul then copies it
@@ -196,6 +207,23 @@ def page_scores_torch(
         for t in tables
     ]  # (B, H_kv, D, max_pages) views of contiguous (B, H_kv, max_pages, D)
     return _score(q_groups, per_head, score).amax(dim=2)  # (B, H_kv, max_pages)
+
+
+def _distinct_page_scores(
+    q_groups: Tensor, tables: list[Tensor], distinct: Tensor, column: Tensor, score: str
+) -> Tensor:
+    """(B, H_kv, P) scores when rows share pages: each distinct page's summary (`distinct` (U,)
+    physical ids) is read once and scored against every query of its KV head in one matmul,
+    then indexed out per sequence through `column` (B, P), each column's index into `distinct`.
+    q_groups: (B, H_kv, G, D); tables: the score mode's summaries, (pages, H_kv, D) each."""
+    batch, num_kv_heads, _, head_dim = q_groups.shape
+    num_distinct = distinct.numel()
+    rows = [t.index_select(0, distinct).permute(1, 2, 0) for t in tables]  # (H_kv, D, U)
+    queries = q_groups.transpose(0, 1).reshape(num_kv_heads, -1, head_dim)  # (H_kv, B*G, D)
+    per_page = _score(queries, rows, score)  # (H_kv, B*G, U); G = 1 for centroid
+    per_page = per_page.view(num_kv_heads, batch, -1, num_distinct).amax(dim=2)
+    index = column[:, None, :].expand(batch, num_kv_heads, column.shape[1])  # (B, H_kv, P)
+    return per_page.permute(1, 0, 2).gather(2, index)  # (B, H_kv, max_pages)
 
 
 def _score(queries: Tensor, tables: list[Tensor], score: str) -> Tensor:
