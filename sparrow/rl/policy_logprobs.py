@@ -233,17 +233,10 @@ def group_shared_hidden(
     runs whenever `share_prefix` is on, over one (then masked) token when the prompts share
     none, and pass 3 over at least one (then masked) token when all completions are one token.
     """
-    seq_len = input_ids.shape[1]
     device = input_ids.device
-    starts = torch.ones(len(group_ids), dtype=torch.bool, device=device)  # (b,)
-    starts[1:] = group_ids[1:] != group_ids[:-1]
-    first_row = starts.nonzero().squeeze(1)  # (g,)
-    row_group = starts.cumsum(0) - 1  # (b,)
-    num_groups = len(first_row)
+    first_row, row_group = _group_rows(group_ids)  # (g,), (b,)
     completion_lens = attention_mask.sum(1) - prompt_lens  # (b,)
     max_prompt = int(prompt_lens.max())
-    # The last completion token predicts nothing: it is not fed.
-    fed_len = max(int(completion_lens.max()) - 1, 1)
     prompt_ids = input_ids[first_row, :max_prompt]  # (g, P)
     key_mask = torch.arange(max_prompt, device=device) < prompt_lens[:, None]  # (b, P)
 
@@ -253,50 +246,116 @@ def group_shared_hidden(
     prefix_key_mask = key_mask[first_row, :0]  # (g, 0) the cached prefix keys each group sees
     prefix_hidden = None
     if share_prefix:
-        prefix_len = common_prefix_len(prompt_ids, prompt_lens[first_row])
-        # No common token: one token of the first prompt stands in, masked out of every later
-        # query, so that every rank still makes the pass.
-        cached = max(prefix_len, 1)
-        prefix_hidden = decoder(
-            input_ids=prompt_ids[:1, :cached],
-            attention_mask=torch.ones(1, cached, dtype=torch.long, device=device),
-            position_ids=torch.arange(cached, device=device)[None],
-            use_cache=True,
-            **{cache_kw: cache},
-        ).last_hidden_state[:, :prefix_len]  # (1, S, H)
-        _check_cache_filled(cache, cached, decoder, cache_kw)
-        cache.batch_select_indices(torch.zeros_like(first_row))  # the prefix for every group
-        prefix_key_mask = torch.full((num_groups, cached), prefix_len > 0, device=device)
+        prefix_len, prefix_hidden, prefix_key_mask = _prefix_pass(
+            decoder, cache, cache_kw, prompt_ids, prompt_lens[first_row]
+        )
 
-    own_len = max_prompt - prefix_len
-    prompt_hidden = decoder(
-        input_ids=prompt_ids[:, prefix_len:],
-        attention_mask=torch.cat([prefix_key_mask, key_mask[first_row, prefix_len:]], 1).long(),
-        position_ids=(prefix_len + torch.arange(own_len, device=device)).expand(num_groups, -1),
-        use_cache=True,
-        **{cache_kw: cache},
-    ).last_hidden_state  # (g, P - S, H)
-    _check_cache_filled(cache, prefix_key_mask.shape[1] + own_len, decoder, cache_kw)
+    prompt_hidden = _prompt_pass(
+        decoder, cache, cache_kw, prompt_ids, prefix_len, prefix_key_mask, key_mask[first_row]
+    )  # (g, P - S, H)
     if prefix_hidden is None:
         prefix_hidden = prompt_hidden[:1, :0]  # (1, 0, H)
     # The last prompt position (never in the prefix) predicts every row's first completion token.
     last_prompt = prompt_hidden[row_group, prompt_lens - 1 - prefix_len]  # (b, H)
 
     cache.batch_select_indices(row_group)  # the group's prompt K/V for each of its rows
+    prompt_keys = [prefix_key_mask[row_group], key_mask[:, prefix_len:]]  # (b, P) in all
+    completion = _completion_pass(
+        decoder, cache, cache_kw, input_ids, prompt_lens, completion_lens, prompt_keys
+    )  # (b, F, H)
+    hidden = torch.cat([last_prompt[:, None], completion], 1)  # (b, 1 + F, H)
+    return GroupShared(prefix_hidden, prompt_hidden, hidden, first_row, row_group, completion_lens)
+
+
+def _group_rows(group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(first_row (g,), row_group (b,)): the first row of each run of equal group ids, and the
+    run each row is in (runs, not ids: a group is its consecutive rows)."""
+    starts = torch.ones(len(group_ids), dtype=torch.bool, device=group_ids.device)  # (b,)
+    starts[1:] = group_ids[1:] != group_ids[:-1]
+    return starts.nonzero().squeeze(1), starts.cumsum(0) - 1
+
+
+def _prompt_pass(
+    decoder: PreTrainedModel,
+    cache: DynamicCache,
+    cache_kw: str,
+    prompt_ids: Tensor,
+    prefix_len: int,
+    prefix_key_mask: Tensor,
+    group_key_mask: Tensor,
+) -> Tensor:
+    """Pass 2 of `group_shared_hidden`: each group's prompt (g, P) after the first `prefix_len`
+    tokens, on `cache` holding the prefix (keys masked by `prefix_key_mask`), positions offset
+    by the prefix; `group_key_mask` (g, P) marks each prompt's real tokens. (g, P - S, H)."""
+    num_groups, max_prompt = prompt_ids.shape
+    own_len = max_prompt - prefix_len
+    positions = prefix_len + torch.arange(own_len, device=prompt_ids.device)  # (P - S,)
+    prompt_hidden = decoder(
+        input_ids=prompt_ids[:, prefix_len:],
+        attention_mask=torch.cat([prefix_key_mask, group_key_mask[:, prefix_len:]], 1).long(),
+        position_ids=positions.expand(num_groups, -1),
+        use_cache=True,
+        **{cache_kw: cache},
+    ).last_hidden_state  # (g, P - S, H)
+    _check_cache_filled(cache, prefix_key_mask.shape[1] + own_len, decoder, cache_kw)
+    return prompt_hidden
+
+
+def _prefix_pass(
+    decoder: PreTrainedModel,
+    cache: DynamicCache,
+    cache_kw: str,
+    prompt_ids: Tensor,
+    prompt_lens: Tensor,
+) -> tuple[int, Tensor, Tensor]:
+    """Pass 1 of `group_shared_hidden` over the groups' prompts (g, P) of lengths (g,): the
+    longest common prefix runs once and `cache` is indexed out to every group. Returns (S,
+    its hidden states (1, S, H), the (g, max(S, 1)) key mask of the cached prefix)."""
+    device = prompt_ids.device
+    num_groups = prompt_ids.shape[0]
+    prefix_len = common_prefix_len(prompt_ids, prompt_lens)
+    # No common token: one token of the first prompt stands in, masked out of every later
+    # query, so that every rank still makes the pass.
+    cached = max(prefix_len, 1)
+    prefix_hidden = decoder(
+        input_ids=prompt_ids[:1, :cached],
+        attention_mask=torch.ones(1, cached, dtype=torch.long, device=device),
+        position_ids=torch.arange(cached, device=device)[None],
+        use_cache=True,
+        **{cache_kw: cache},
+    ).last_hidden_state[:, :prefix_len]  # (1, S, H)
+    _check_cache_filled(cache, cached, decoder, cache_kw)
+    every_group = torch.zeros(num_groups, dtype=torch.long, device=device)  # (g,)
+    cache.batch_select_indices(every_group)  # the prefix for every group
+    prefix_key_mask = torch.full((num_groups, cached), prefix_len > 0, device=device)
+    return prefix_len, prefix_hidden, prefix_key_mask
+
+
+def _completion_pass(
+    decoder: PreTrainedModel,
+    cache: DynamicCache,
+    cache_kw: str,
+    input_ids: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    prompt_keys: list[Tensor],
+) -> Tensor:
+    """Pass 3 of `group_shared_hidden`: every row's completion (b, F) on `cache`, which holds
+    its group's prompt; `prompt_keys` masks the cached keys each row sees. (b, F, H)."""
+    device = input_ids.device
+    # The last completion token predicts nothing: it is not fed.
+    fed_len = max(int(completion_lens.max()) - 1, 1)
     offsets = torch.arange(fed_len, device=device)  # (F,)
     positions = prompt_lens[:, None] + offsets  # (b, F) absolute positions of the fed tokens
     fed_mask = offsets < completion_lens[:, None] - 1  # (b, F)
-    fed_ids = input_ids.gather(1, positions.clamp(max=seq_len - 1))  # (b, F)
-    completion_keys = [prefix_key_mask[row_group], key_mask[:, prefix_len:], fed_mask]
-    completion = decoder(
+    fed_ids = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1))  # (b, F)
+    return decoder(
         input_ids=torch.where(fed_mask, fed_ids, 0),
-        attention_mask=torch.cat(completion_keys, 1).long(),
+        attention_mask=torch.cat([*prompt_keys, fed_mask], 1).long(),
         position_ids=positions,
         use_cache=True,
         **{cache_kw: cache},
     ).last_hidden_state  # (b, F, H)
-    hidden = torch.cat([last_prompt[:, None], completion], 1)  # (b, 1 + F, H)
-    return GroupShared(prefix_hidden, prompt_hidden, hidden, first_row, row_group, completion_lens)
 
 
 def common_prefix_len(prompt_ids: Tensor, prompt_lens: Tensor) -> int:
