@@ -157,6 +157,7 @@ def run_online_beside(engine, rest, params, cfg, args, out: Path, offline) -> No
     from sparrow.control.controller import make_controller
 
     controller = make_controller(replace(cfg.schedule, mode="online"), cfg.controller)
+    assert controller is not None, "an online schedule has a controller"
     batches = (rest[i : i + args.online_prompts] for i in range(0, len(rest), args.online_prompts))
     history = run_online(
         engine, controller, batches, args.online, args.samples, params, cfg.schedule.bin_tokens

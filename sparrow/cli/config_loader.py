@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import cast
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -62,8 +63,8 @@ def compose_dict(overrides: list[str], config_name: str = "config"):
 
 def load_config(overrides: list[str]) -> SparrowConfig:
     cfg = compose_dict(overrides)
-    try:
-        return OmegaConf.to_object(cfg)
+    try:  # a structured SparrowConfig tree: to_object builds its dataclass
+        return cast(SparrowConfig, OmegaConf.to_object(cfg))
     except OmegaConfBaseException as err:  # e.g. a mandatory value (???) left unset
         raise ConfigError(_one_line(err)) from err
     except ValueError as err:  # a config dataclass's __post_init__ rejected a value
@@ -82,7 +83,8 @@ def load_stored_config(path: Path) -> SparrowConfig:
     tree = without_moved_keys(tree)  # an older sparrow's copies of a shared knob
     tree["resume"] = "never"
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SparrowConfig), tree))
+        merged = OmegaConf.merge(OmegaConf.structured(SparrowConfig), tree)
+        return cast(SparrowConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as err:  # a key today's schema lacks, or a wrong type
         raise ConfigError(f"{path} does not fit this sparrow's config: {_one_line(err)}") from err
     except ValueError as err:
@@ -140,7 +142,7 @@ def _hydra_quoted(value: str) -> str:
     return f"{quote}{escaped}{quote}"
 
 
-def _one_line(err: BaseException) -> str:
+def _one_line(err: BaseException | None) -> str:
     parts = []
     while err is not None:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

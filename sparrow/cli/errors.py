@@ -122,7 +122,7 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def causes(err: BaseException):
+def causes(err: BaseException | None):
     """`err`, then what caused it or was being handled when it was raised, and so on."""
     seen = set()
     while err is not None and id(err) not in seen:

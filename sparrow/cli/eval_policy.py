@@ -47,7 +47,8 @@ def _main(argv: list[str] | None) -> int:
     reward = build_reward(cfg.rl.reward)  # a bad reward stops before the model loads
     lm = load_model(cfg.model)
     if torch.cuda.is_available():
-        lm.model.to("cuda")
+        # transformers wraps PreTrainedModel.to with functools.wraps, whose stub binds no self.
+        lm.model.to("cuda")  # type: ignore[arg-type]
     room = context_room(cfg, lm.model.config)
     try:
         data = load_eval_prompts(cfg.data, cfg.rl.eval.split, lm.tokenizer, room.tokens)

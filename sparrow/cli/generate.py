@@ -111,6 +111,7 @@ def _main(argv: list[str] | None) -> int:
             f.write(json.dumps(_row(o, prompts[o.prompt_index], args.topk)) + "\n")
     num_tokens = sum(len(o.token_ids) for o in outputs)
     reasons = dict(Counter(o.finish_reason for o in outputs))
+    assert engine.last_stats is not None, "generate sets the stats of its call"
     print(
         f"sparrow-generate: {len(outputs)} completions, {num_tokens} tokens in {elapsed:.1f} s "
         f"({num_tokens / elapsed:.1f} tok/s), finish {reasons}, "
@@ -151,7 +152,8 @@ def _load(data: DataConfig, tokenizer):
             raise
         data.answer_column = data.prompt_column
         dataset = load_prompts(data, tokenizer)
-        dataset.prompts = [replace(p, answer=None) for p in dataset.prompts]
+        # No answer (Prompt.answer is a str for training): written out as null.
+        dataset.prompts = [replace(p, answer=None) for p in dataset.prompts]  # type: ignore[arg-type]
         return dataset
 
 

@@ -37,12 +37,12 @@ def failure_lines(failures: dict[int, ProcessFailure]) -> tuple[list[str], int]:
     launcher's exit code, from torchrun's failures by global rank."""
     ranks = sorted(failures)
     summary = f"{PROG}: " + ", ".join(f"rank {r} {_how(failures[r])}" for r in ranks)
-    explained = [r for r in ranks if _stop_line(failures[r]) is not None]
+    explained = [(r, line) for r in ranks if (line := _stop_line(failures[r])) is not None]
     if not explained:
         return [f"{summary}; no rank said why (see the output above)"], UNEXPLAINED_EXIT
-    rank = explained[0]
+    rank, line = explained[0]
     code = failures[rank].exitcode
-    return [f"{summary}; rank {rank} said:", _stop_line(failures[rank])], code if code > 0 else 1
+    return [f"{summary}; rank {rank} said:", line], code if code > 0 else 1
 
 
 def _how(failure: ProcessFailure) -> str:

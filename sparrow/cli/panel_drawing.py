@@ -108,7 +108,7 @@ def _heatmap(ax, panel, keys, runs, palette) -> bool:
     rows = [row for row in run.rows if any(_number(row.get(k)) for k in keys)]
     if not rows:
         return False
-    keys = sorted(keys, key=bin_index)
+    keys = sorted(keys, key=lambda k: bin_index(k) or 0)  # heatmap keys each name their bin
     grid = np.array([[row.get(k, np.nan) for row in rows] for k in keys], dtype=float)
     taus = [row[panel.reference] for row in run.rows if _number(row.get(panel.reference or ""))]
     tau = taus[-1] if taus else 0.86
@@ -167,7 +167,7 @@ def _label(run: RunData, key: str) -> str:
 def _position(run: RunData, key: str) -> str:
     """`accept/p5/bin1` -> `pos 2048-4095` (with 2048-token bins), else `bin 1`."""
     i = bin_index(key)
-    if run.bin_tokens is None:
+    if i is None or run.bin_tokens is None:
         return f"bin {i}"
     return f"pos {i * run.bin_tokens}-{(i + 1) * run.bin_tokens - 1}"
 

@@ -42,7 +42,8 @@ def page_scores(q: Tensor, keys: Tensor, attn: SparseAttentionConfig) -> Tensor:
     fills = torch.full((batch * num_pages,), ps, dtype=torch.int64, device=q.device)
     update_page_summaries(cache, summary, torch.arange(batch * num_pages, device=q.device), fills)
 
-    def per_head(table: Tensor) -> Tensor:  # (B, H_kv, 1, D, NP)
+    def per_head(table: Tensor | None) -> Tensor:  # (B, H_kv, 1, D, NP)
+        assert table is not None, "a summary holds the tables of its score"
         return table.view(batch, num_pages, num_kv_heads, head_dim).permute(0, 2, 3, 1)[:, :, None]
 
     q_groups = q.float().reshape(batch, num_kv_heads, group, num_queries, head_dim)

@@ -54,7 +54,7 @@ def _chunk_keys(part: _Chunk, num_pages: int, page_size: int) -> tuple[Tensor, T
     # Dense queries read every page up to their own.
     own_page = (positions // page_size)[:, None]  # (C, 1)
     chosen = (~part.sparse[:, None, :, None]) & (pages <= own_page)  # (B, 1, C, NP)
-    if part.pages is not None:
+    if part.pages is not None and part.num_selected is not None:  # set together
         num_kv_heads, slots = part.pages.shape[1], part.pages.shape[-1]
         used = torch.arange(slots, device=device) < part.num_selected[:, None, :, None]
         used = used & part.sparse[:, None, :, None]  # (B, 1, C, S) dense queries: page 0 only

@@ -47,9 +47,11 @@ def page_summary_tables(keys: Tensor, attn: SparseAttentionConfig) -> list[Tenso
         tables = [summary.k_max, summary.k_min]
     else:
         raise ValueError(f"score must be 'quest' or 'centroid', got {attn.score!r}")
-    return [  # (B, H_kv, D, NP) each
-        t.view(batch, num_pages, num_kv_heads, head_dim).permute(0, 2, 3, 1) for t in tables
-    ]
+    views = []
+    for t in tables:
+        assert t is not None, "a summary holds the tables of its score"
+        views.append(t.view(batch, num_pages, num_kv_heads, head_dim).permute(0, 2, 3, 1))
+    return views  # (B, H_kv, D, NP) each
 
 
 @torch.no_grad()

@@ -94,8 +94,9 @@ def check_select_inputs(
         )
     if q.stride(-1) != 1:
         raise ValueError(f"select_pages: q's last dim must have stride 1, strides are {q.stride()}")
-    tables = (summary.k_min, summary.k_max) if score == "quest" else (summary.k_mean,)
-    if any(t is None for t in tables):
+    wanted = (summary.k_min, summary.k_max) if score == "quest" else (summary.k_mean,)
+    tables = [t for t in wanted if t is not None]
+    if len(tables) < len(wanted):
         raise ValueError(f"select_pages: {score} scoring needs the page summaries it reads")
     num_pages, num_kv_heads, head_dim = tables[0].shape
     if {t.device for t in tables} != {q.device}:

@@ -97,6 +97,7 @@ def sparse_decode_cpu(
     tables: tuple[Tensor | None, Tensor | None] = (None, None)
     if budgets is not None:
         budgets = budgets.to(torch.int32).contiguous()
+        assert summary is not None, "budgets come with their page summaries"
         tables = (summary.k_mean, None) if score == "centroid" else (summary.k_max, summary.k_min)
         for t in tables:
             if t is not None and not t.is_contiguous():

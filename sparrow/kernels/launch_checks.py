@@ -61,7 +61,7 @@ def check_page_scores(q: Tensor, summary: PageSummary, score: str) -> list[Tenso
                 f"or q's dtype {q.dtype}"
             )
     check_one_device("select_pages(triton)", q, *tables)
-    return tables
+    return [t for t in tables if t is not None]  # all of them: a None raised above
 
 
 def check_select_pages(

@@ -44,8 +44,10 @@ def select_pages_reference(
             for p in candidates:
                 phys = int(page_table[b, p])
                 if score == "centroid":
+                    assert summary.k_mean is not None, "centroid scoring reads the means"
                     scores[p] = float(q_group.mean(0) @ summary.k_mean[phys, h].double())
                 else:
+                    assert summary.k_min is not None and summary.k_max is not None, "quest: both"
                     lo, hi = summary.k_min[phys, h].double(), summary.k_max[phys, h].double()
                     per_head = torch.maximum(q_group * lo, q_group * hi).sum(-1)  # (G,)
                     scores[p] = float(per_head.max())
@@ -75,7 +77,7 @@ def attention_reference(
         n = -(-seq_len // page_size)
         for h in range(num_kv_heads):
             if selected is None:
-                pages = range(n)
+                pages = list(range(n))
             else:
                 pages = selected.logical_pages[b, h, : int(selected.num_selected[b])].tolist()
             keys, values = [], []

@@ -104,7 +104,7 @@ def selection_plan(
     sparse_row = num_logical > budgets  # (B,)
     num_selected = torch.where(sparse_row, budgets, num_logical)  # (B,)
     num_top = torch.where(sparse_row, budgets - num_sink - num_recent, 0)  # (B,)
-    if synced:
+    if max_selected is None or max_top is None:  # synced
         max_selected, max_top = torch.stack([num_selected.max(), num_top.max()]).tolist()
         if shared is None:
             distinct, column = torch.unique(phys, return_inverse=True)  # (U,), (B, P)
@@ -189,9 +189,11 @@ def page_scores_torch(
     q_groups = q.float().reshape(batch, num_kv_heads, group, head_dim)  # (B, H_kv, G, D)
     if score == "centroid":
         q_groups = q_groups.mean(dim=2, keepdim=True)  # (B, H_kv, 1, D)
-    tables = (summary.k_mean,) if score == "centroid" else (summary.k_max, summary.k_min)
+    wanted = (summary.k_mean,) if score == "centroid" else (summary.k_max, summary.k_min)
+    tables = [t for t in wanted if t is not None]
+    assert len(tables) == len(wanted), f"{score} scoring reads its page summaries"
 
-    if plan.distinct is not None:
+    if plan.distinct is not None and plan.column is not None:  # set together
         return _distinct_page_scores(q_groups, tables, plan.distinct, plan.column, score)
     # Gather (page, head) rows of each table viewed as (pages * H_kv, D), in (B, H_kv, P) order:
     # the result is contiguous (B, H_kv, P, D), one matrix per (sequence, head), which bmm takes

@@ -155,7 +155,7 @@ class CheckpointManager:
                 shutil.rmtree(path)
 
 
-def _is_disk_full(err: BaseException) -> bool:
+def _is_disk_full(err: BaseException | None) -> bool:
     while err is not None:
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:
             return True

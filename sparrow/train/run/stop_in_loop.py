@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ class GracefulStop:
     def __init__(self):
         self.signum: int | None = None
         self._first_at = 0.0  # time.monotonic() of the first signal
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler or flag
 
     def __enter__(self) -> "GracefulStop":
         if threading.current_thread() is threading.main_thread():

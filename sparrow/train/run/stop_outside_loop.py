@@ -46,7 +46,7 @@ def stop_at_once(during: str | None = None, advice: str | None = None) -> Iterat
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    fired = []
+    fired: list[int] = []
 
     def handle(signum: int, frame) -> None:
         if fired:  # already stopping: let the clean-up finish
@@ -54,7 +54,7 @@ def stop_at_once(during: str | None = None, advice: str | None = None) -> Iterat
         fired.append(signum)
         raise Interrupted(signum, during, advice)
 
-    handle.stops_at_once = True
+    handle.stops_at_once = True  # type: ignore[attr-defined]  # a mark, read back by getattr
     previous = {sig: signal.signal(sig, handle) for sig in SIGNALS}
     stopping = False
     try:

@@ -49,7 +49,7 @@ class ResumeMismatch(ValueError):
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict):
             out |= flatten(value, f"{prefix}{key}.")

@@ -68,10 +68,10 @@ def check_weights(
     value = squared_norm(model, world_size)
     if math.isfinite(value):
         return value
-    last_good = last_good()
+    newest = last_good()
     where = (
-        f"the last good checkpoint {last_good} is kept"
-        if last_good is not None
+        f"the last good checkpoint {newest} is kept"
+        if newest is not None
         else "no checkpoint was written"
     )
     raise NonFiniteWeights(
