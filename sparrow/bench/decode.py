@@ -72,7 +72,9 @@ def count_step(runner: ModelRunner, seqs, budgets) -> dict:
         runner.model.layers = layers
     launches = counter.by_group
     num_layers = len(layers)
-    dense = set(runner.kv.cfg.dense_layers) if budgets is not None else set(range(num_layers))
+    dense = (
+        set(runner.sparse_settings.dense_layers) if budgets is not None else set(range(num_layers))
+    )
     per_layer = [launches[f"layer{i}"] for i in range(num_layers)]
     sparse_counts = [c for i, c in enumerate(per_layer) if i not in dense]
     dense_counts = [c for i, c in enumerate(per_layer) if i in dense]

@@ -270,9 +270,9 @@ def kv_bytes(bench: Bench, args, batch: int, held_pages: int = 0) -> dict:
     elem = torch.empty(0, dtype=bench.dtype).element_size()
     per_layer_token = 2 * c.num_key_value_heads * c.head_dim * elem
     layers = c.num_hidden_layers
-    dense_layers = len(kv.cfg.dense_layers)
+    dense_layers = len(bench.engine.sparse_settings.dense_layers)
     pages = args.context // bench.page_size
-    summary_tables = 1 if kv.cfg.score == "centroid" else 2
+    summary_tables = 1 if bench.engine.sparse_settings.score == "centroid" else 2
     summary_elem = kv.summaries[-1].tables[0].element_size()
     summaries = pages * summary_tables * c.num_key_value_heads * c.head_dim * summary_elem
     sparse_tokens = dense_layers * args.context + (layers - dense_layers) * args.budget_tokens
@@ -365,8 +365,8 @@ def report_header(args, bench: Bench) -> dict:
         "budget_tokens": args.budget_tokens,
         "budget_pages": args.budget_tokens // args.page_size,
         "page_size": args.page_size,
-        "dense_layers": list(bench.engine.runner.kv.cfg.dense_layers),
-        "score": bench.engine.runner.kv.cfg.score,
+        "dense_layers": list(bench.engine.sparse_settings.dense_layers),
+        "score": bench.engine.sparse_settings.score,
         "batches": args.batches,
         "graphs": args.graphs,
         "iters": args.iters,

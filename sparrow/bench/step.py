@@ -127,7 +127,7 @@ def run_step(cfg, args, label: str) -> dict:
     start = time.perf_counter()
     if args.ignore_eos or args.random_model:
         cfg = replace(cfg, rollout=replace(cfg.rollout, ignore_eos=True))
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_config(cfg)
     build_s = time.perf_counter() - start
     if trainer.engine.runner.device.type != args.device.type:
         raise AssertionError(

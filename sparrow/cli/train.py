@@ -170,7 +170,7 @@ def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
     # A signal before the loop has no step to finish: stop at once (fit guards its own start).
     with stop_at_once("start-up", STARTUP_ADVICE):
         try:
-            trainer = GRPOTrainer(cfg, pinned=pinned)
+            trainer = GRPOTrainer.from_config(cfg, pinned=pinned)
         except OSError as err:
             model_not_found(err, "model.name", cfg.model.name)
             raise

@@ -1,7 +1,7 @@
 """DistillSparse: one adapter update per RL step, after the dense update (docs/DESIGN.md
 §1 and §3).
 
-    distill = DistillSparse(cfg.distill, model, engine.runner.kv.cfg, actor_lr=cfg.actor.lr)
+    distill = DistillSparse(cfg.distill, model, engine.sparse_settings, actor_lr=cfg.actor.lr)
     ...  # after the dense GRPO update of theta:
     distill.load_base(theta_state_dict)          # theta frozen inside the sparse policy
     metrics = distill.step(batch, dense.token_logprobs, advantages_tok, temperature)
@@ -73,7 +73,7 @@ class DistillSparse:
         dropout_seed: int = 0,
     ):
         """base_model: the HF policy with the dense weights (copied, not modified); attn: the
-        engine's sparse attention settings (`engine.runner.kv.cfg`), so selection matches.
+        engine's sparse attention settings (`engine.sparse_settings`), so selection matches.
         init_seed: the adapter's initialisation (the same on every rank: phi stays identical);
         dropout_seed: its dropout masks, + the adapter step (one stream per rank)."""
         self.cfg = cfg

@@ -66,14 +66,12 @@ def offline_tail(
     lm = load_model(replace(cfg.model, name=str(policy_dir)))
     state = torch.load(newest_checkpoint(run_dir) / "trainer_state.pt", weights_only=False)
     engine = LLMEngine(lm.model, lm.tokenizer, cfg.rollout.engine)
-    distill = DistillSparse(cfg.distill, lm.model, engine.runner.kv.cfg, cfg.actor.lr)
+    distill = DistillSparse(cfg.distill, lm.model, engine.sparse_settings, cfg.actor.lr)
     distill.load_state_dict(state["distill"])
     adapter = distill.lora_factors()
     del distill  # its copy of the model is no longer needed
-    sched = cfg.schedule
-    schedule = BudgetSchedule(
-        sched.bin_tokens, tuple(budgets_pages), tuple(sched.grid_pages), sched.page_size
-    )
+    sched, page_size = cfg.schedule, cfg.rollout.engine.page_size
+    schedule = BudgetSchedule(sched.bin_tokens, tuple(budgets_pages), tuple(sched.grid_pages))
     engine.set_schedule(schedule.budget_pages)
     data = load_eval_prompts(cfg.data, cfg.rl.eval.split, lm.tokenizer)
     prompts = [p.token_ids for p in data.prompts[:num_prompts]]
@@ -115,7 +113,7 @@ def offline_tail(
                 values[other].append(exact_acceptance(dense, theirs))
                 where = len(out.prompt_ids) + torch.arange(len(out.token_ids))  # (C,)
                 positions.append(where)
-                sparse_tokens += int((out.budget_pages < dense_pages(where, sched.page_size)).sum())
+                sparse_tokens += int((out.budget_pages < dense_pages(where, page_size)).sum())
             del outs, replay
         where = torch.cat(positions)
         result[f"sampled_by_{sampled_by}"] = {

@@ -135,6 +135,12 @@ class LLMEngine:
         self.num_generate_calls = 0
         self.last_stats: GenerateStats | None = None  # of the latest generate call
 
+    @property
+    def sparse_settings(self):
+        """The sparse attention's settings the engine runs with (page size, dense layers, page
+        scoring): what DistillSparse's training-time selection and the benches must match."""
+        return self.runner.sparse_settings
+
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.schedule = schedule
 

@@ -90,6 +90,11 @@ class ModelRunner:
             slots=max_batch_size,
         )
 
+    @property
+    def sparse_settings(self):
+        """The sparse attention's settings (page size, dense layers, page scoring)."""
+        return self.kv.cfg
+
     @torch.inference_mode()
     def prefill(self, groups: list[list[Sequence]], update_summaries: bool) -> Tensor:
         """Logits (G, V) fp32 after the last token of each group. A group whose sequences have

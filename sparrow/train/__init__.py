@@ -1,6 +1,7 @@
 """The GRPO loop and what runs around it; the one place that wires every component.
 
     trainer.py         GRPOTrainer: train_step (the phases) and fit (evaluation, checkpoints)
+    build.py           the run sized first (seeds, model, prompts, memory fit), then its parts
     policy_update.py   one GRPO/TIS update of theta: loss mask, no-signal skip, reference pass
     schedule_steering.py the controller's move, the engine's schedule, KV-read per step
     config.py          SparrowConfig: the dataclass tree conf/ is validated against

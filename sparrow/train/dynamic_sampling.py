@@ -83,6 +83,12 @@ class Sampled:
     # None without dynamic sampling
     padding: torch.Tensor | None = None
 
+    def free_logits(self) -> None:
+        """Drop the rollout logits of every group drawn, trained or not: the one place they are
+        freed, once the monitor has read them (the update needs none)."""
+        self.train.rollout.free_logits()
+        self.drawn.rollout.free_logits()
+
 
 @dataclass
 class Group:

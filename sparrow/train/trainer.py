@@ -20,41 +20,39 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 """
 
 import logging
-import os
 import signal
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import torch
-
-from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.distributed import Ranks
-from sparrow.models.loading import load_model
-from sparrow.models.shape import ModelShape
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
-from sparrow.monitor.monitor import Monitor
 from sparrow.monitor.rollout_plan import RolloutPlan
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import PolicyLoss
 from sparrow.rl.overlong import overlong_penalty, truncated_rows
 from sparrow.rl.policy_logprobs import LogprobOutput
-from sparrow.rl.reference import ReferencePolicy
-from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptIterator
 from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
+from sparrow.train.build import (
+    PreparedRun,
+    build_actor,
+    build_distill,
+    build_engine,
+    build_monitor,
+    check_prompt_split,
+    prepare_run,
+    rollout_sampling,
+)
 from sparrow.train.config import SparrowConfig
 from sparrow.train.dynamic_sampling import Rollout, Round, Sampled, sample_step
-from sparrow.train.evaluation import PairedBaseline, evaluate
+from sparrow.train.evaluation import PairedBaseline, eval_sampling, evaluate
 from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
-from sparrow.train.memory.run_inputs import load_run_inputs
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_update import PolicyUpdate
-from sparrow.train.run.checkpoint import CheckpointManager
 from sparrow.train.run.policy_export import export_policy
-from sparrow.train.run.seeds import resolve_seeds, seed_global_rngs
-from sparrow.train.run.state import CheckpointedRun
+from sparrow.train.run.state import RunState
 from sparrow.train.run.stop_in_loop import GracefulStop, StopRequested
 from sparrow.train.run.stop_outside_loop import STARTUP_ADVICE, stop_at_once
 from sparrow.train.run.weight_guard import check_weights, next_nonfinite_streak
@@ -72,105 +70,71 @@ from sparrow.train.step_report import (
 log = logging.getLogger(__name__)
 
 
-class GRPOTrainer(CheckpointedRun):
-    def __init__(self, cfg: SparrowConfig, make_actor=None, pinned: frozenset[str] = frozenset()):
-        """`make_actor(model, cfg.actor)`: the dense policy's trainer, by default DenseActor
-        (DeepSpeed, imported only then); tests pass a plain-torch one with the same interface.
-        `pinned`: config keys the user set explicitly, which the memory fit leaves as set."""
-        if make_actor is None:
-            from sparrow.rl.actor import DenseActor
+class GRPOTrainer:
+    """The GRPO loop over the parts `build.py` makes; `RunState` (run/state.py) holds the step
+    and what checkpoints save."""
 
-            make_actor = DenseActor
-        self.cfg = cfg
-        eng = cfg.rollout.engine
-        # Every random stream from the one `seed` (run_seeds.py). Each rank samples its own
-        # stream: with one seed everywhere, row i of every rank would draw the same random numbers
-        # (the launcher's RANK: the process group is not up yet).
-        self.seeds = resolve_seeds(
-            cfg.seed,
-            eng.seed,
-            cfg.data.shuffle,
-            cfg.data.shuffle_seed,
-            int(os.environ.get("RANK", "0")),
-        )
-        seed_global_rngs(self.seeds.global_rngs)
-        loaded = load_model(cfg.model)
-        self.tokenizer = loaded.tokenizer
-        shape = ModelShape.from_hf_config(loaded.model.config)
-        on_gpu = torch.cuda.is_available()
-        # Prompts first, then the memory plan they size (run_inputs.py).
-        self.train_data, self.eval_data, self.memory = load_run_inputs(
-            cfg, self.tokenizer, loaded.model.config, shape, on_gpu, pinned
-        )
-        cfg = self.cfg = self.memory.cfg
-        if on_gpu:  # engine, DistillSparse and actor all live on this rank's GPU
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(device)
-            loaded.model.to(device)
-        # The engine copies the weights it needs (synced from the actor after every update).
-        engine_cfg = replace(eng, seed=self.seeds.sampling)
-        self.engine = LLMEngine(loaded.model, self.tokenizer, engine_cfg)
-        # DistillSparse copies the base weights before ZeRO-3 can partition them in place.
-        self.distill = (
-            DistillSparse(
-                cfg.distill,
-                loaded.model,
-                self.engine.runner.kv.cfg,
-                cfg.actor.lr,
-                init_seed=self.seeds.distill_init,
-                dropout_seed=self.seeds.distill_dropout,
-            )
-            if cfg.distill.enabled and cfg.schedule.mode != "dense"
-            else None
-        )
-        # The KL term's reference: the initial weights, copied before ZeRO-3 partitions the
-        # actor's in place, then held as the actor holds its own (partitioned under ZeRO-3).
-        reference = None
-        if cfg.rl.loss.kl_coef != 0:
-            reference = ReferencePolicy(loaded.model, cfg.actor)
-        self.actor = make_actor(loaded.model, cfg.actor)
-        reference = reference and reference.place(self.actor)
-        self.rank, self.world = self.actor.rank, self.actor.world_size
-        self.ranks = Ranks(self.rank, self.world)
-        self.run_dir = Path(cfg.run_dir)
+    @classmethod
+    def from_config(
+        cls, cfg: SparrowConfig, make_actor=None, pinned: frozenset[str] = frozenset()
+    ) -> "GRPOTrainer":
+        """Sized first (the memory fit returns the config the run uses), then built. `pinned`:
+        keys the user set, which the fit leaves as set; `make_actor`: see build_actor."""
+        return cls(prepare_run(cfg, pinned), make_actor)
 
-        if cfg.rl.prompts_per_step % self.world:
-            raise ValueError(
-                f"rl.prompts_per_step={cfg.rl.prompts_per_step} must divide over {self.world} ranks"
-            )
-        self.prompts = PromptIterator(
-            self.train_data, cfg.rl.prompts_per_step, self.seeds.data_order
-        )
-
-        self.steering = ScheduleSteering(cfg, self.engine, shape, self.ranks)
-        self.sampling = SamplingParams(
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            max_tokens=cfg.rollout.max_new_tokens,
-            ignore_eos=cfg.rollout.ignore_eos,
-        )
+    def __init__(self, run: PreparedRun, make_actor=None):
+        cfg = self.cfg = run.cfg
+        self.tokenizer, self.seeds, self.memory = run.tokenizer, run.seeds, run.memory
+        self.train_data, self.eval_data = run.train_data, run.eval_data
+        self.engine = build_engine(run)
+        self.distill = build_distill(run, self.engine)
+        self.actor, reference = build_actor(run, make_actor)
+        self.ranks = Ranks(self.actor.rank, self.actor.world_size)
+        self.rank, self.world = self.ranks.rank, self.ranks.world
+        check_prompt_split(cfg.rl.prompts_per_step, self.world)
+        self.prompts = PromptIterator(run.train_data, cfg.rl.prompts_per_step, run.seeds.data_order)
+        self.steering = ScheduleSteering(cfg, self.engine, run.shape, self.ranks)
+        self.sampling = rollout_sampling(cfg.rollout)
         self.reward = build_reward(cfg.rl.reward)
         self.reward_failures = RewardFailures(self.reward, self.ranks)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
-        self.policy_update = PolicyUpdate(
-            self.actor, PolicyLoss(cfg.rl.loss, cfg.rl.correction), reference, self.ranks, cfg
-        )
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
+        loss = PolicyLoss(cfg.rl.loss, cfg.rl.correction)
+        self.policy_update = PolicyUpdate(self.actor, loss, reference, self.ranks, cfg)
+        self.run_dir = Path(cfg.run_dir)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
-        self.monitor = Monitor(
-            cfg.monitor,
-            self.engine,
-            self.actor.model,
+        self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.sampling)
+        self.run = RunState(
+            cfg,
             self.ranks,
-            self.sampling,
-            cfg.rl.group_size,
-            cfg.actor,
-            self.seeds.speedup,
+            actor=self.actor,
+            prompts=self.prompts,
+            steering=self.steering,
+            engine=self.engine,
+            distill=self.distill,
+            baseline=PairedBaseline(),  # the first evaluation's per-prompt scores
+            logger=self.logger,
         )
-        self.step = 0
-        self.nonfinite_streak = 0
-        self.baseline = PairedBaseline()  # the first evaluation's per-prompt scores
+
+    @property
+    def step(self) -> int:
+        return self.run.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.run.step = value
+
+    @property
+    def checkpoints(self):
+        return self.run.checkpoints
+
+    def save(self) -> Path:
+        return self.run.save()
+
+    def resume(self) -> None:
+        """Resume as `resume` says (run/state.py); the loaded weights then go to the engine."""
+        if self.run.resume():
+            self._sync_engine()
+            self.steering.push()
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -178,7 +142,7 @@ class GRPOTrainer(CheckpointedRun):
         # Before the loop and after it a signal stops at once (nothing to finish); inside it the
         # step in flight is finished and checkpointed first.
         with stop_at_once("start-up", STARTUP_ADVICE):
-            self._maybe_resume()
+            self.resume()
             if self.rank == 0:
                 print(self.plan(), flush=True)
             last_eval = None
@@ -233,7 +197,7 @@ class GRPOTrainer(CheckpointedRun):
             dense = self._logprobs(rollout.batch)
         with timer("monitor"):
             acceptance = self._acceptance(train.prompts, rollout, dense)
-            drawn.rollout.free_logits()  # the groups dynamic sampling dropped hold theirs too
+            sampled.free_logits()
         with timer("control"):
             control = self.steering.update(rollout.batch, acceptance.stats)
         with timer("update"):
@@ -325,7 +289,7 @@ class GRPOTrainer(CheckpointedRun):
         return self.actor.compute_logprobs(
             batch.input_ids,
             batch.attention_mask,
-            topk=self.cfg.monitor.top_k,
+            topk=self.cfg.rollout.engine.topk_logprobs,
             temperature=self.cfg.rollout.temperature,
             prompt_lens=batch.prompt_lens,
             group_ids=batch.group_ids,
@@ -333,14 +297,11 @@ class GRPOTrainer(CheckpointedRun):
 
     def _acceptance(self, prompts, rollout: Rollout, dense: LogprobOutput) -> AcceptanceResult:
         """The monitor's measurement of the step (under the schedule the batch was rolled out
-        with: call before the controller moves it); the outputs' kept logits are freed with the
-        batch's before the update."""
+        with: call before the controller moves it)."""
         ids = [p.token_ids for p in prompts]
-        result = self.monitor.measure(
+        return self.monitor.measure(
             self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats
         )
-        rollout.free_logits()
-        return result
 
     def _overlong(self, scores, batch: RolloutBatch) -> tuple:
         """The rewards the advantages see (the task's scores plus DAPO's soft overlong penalty)
@@ -368,8 +329,8 @@ class GRPOTrainer(CheckpointedRun):
             batch, dense, token_advantages, num_tokens, masked_rows, self.step
         )
         if outcome.ran:
-            self.nonfinite_streak = next_nonfinite_streak(
-                self.nonfinite_streak,
+            self.run.nonfinite_streak = next_nonfinite_streak(
+                self.run.nonfinite_streak,
                 outcome.metrics,
                 self.step + 1,
                 self.cfg.rl.max_nonfinite_streak,
@@ -417,7 +378,7 @@ class GRPOTrainer(CheckpointedRun):
     def _evaluate(self) -> dict:
         ecfg = self.cfg.rl.eval
         prompts = self.eval_data.prompts[: ecfg.num_prompts][self.rank :: self.world]
-        params = SamplingParams(temperature=ecfg.temperature, max_tokens=ecfg.max_new_tokens)
+        params, sample_params = eval_sampling(ecfg.temperature, ecfg.max_new_tokens, ecfg.samples)
         # The dense policy is what is trained and scored: evaluate without sparsity (and, with
         # DistillSparse, without the adapter: a gated one is off at dense steps by itself).
         self.engine.set_schedule(None)
@@ -425,12 +386,19 @@ class GRPOTrainer(CheckpointedRun):
         if merged:
             self.engine.update_weights(self.actor.gathered_state_dict())
         result, correct = evaluate(
-            self.engine, self.reward, prompts, params, self.ranks.sum, self.seeds.eval(self.step)
+            self.engine,
+            self.reward,
+            prompts,
+            params,
+            self.ranks.sum,
+            self.seeds.eval(self.step),
+            samples=ecfg.samples,
+            sample_params=sample_params,
         )
         if merged:
             self._sync_engine()
         self.steering.push()
-        result |= self.baseline.delta(self.ranks.gather_strided(correct))
+        result |= self.run.baseline.delta(self.ranks.gather_strided(correct))
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)
         return result

@@ -221,7 +221,7 @@ def test_faulty_reward_is_counted_and_the_step_completes(tmp_path, name, counter
     cfg = load_config(
         [*TINY, f"run_dir={tmp_path}", f"rl.reward.name=test_{name}", "rl.reward.timeout_s=0.05"]
     )
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_config(cfg)
     trainer.fit()
     assert not _HANG_FINISHED  # 16 completions: each cut at the deadline, none waited for
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])

@@ -103,7 +103,7 @@ def test_trainer_keeps_logits_for_the_measured_rows_and_replays_none(tmp_path):
     cfg = load_config(
         [
             "preset=tiny",
-            "schedule.page_size=4",
+            "rollout.engine.page_size=4",
             "schedule.mode=fixed",
             "schedule.budgets_pages=[3]",
             "rollout.max_new_tokens=12",
@@ -114,7 +114,7 @@ def test_trainer_keeps_logits_for_the_measured_rows_and_replays_none(tmp_path):
             f"run_dir={tmp_path}",
         ]
     )
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_config(cfg)
     kept = []
     generate = trainer.engine.generate
 

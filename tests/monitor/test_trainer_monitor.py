@@ -10,7 +10,7 @@ from sparrow.train.trainer import GRPOTrainer
 # 4-token pages and a 3-page budget: the ~30-token prompts decode sparsely from the first step.
 OVERRIDES = [
     "preset=tiny",
-    "schedule.page_size=4",
+    "rollout.engine.page_size=4",
     "schedule.mode=fixed",
     "schedule.budgets_pages=[3]",
     "rollout.max_new_tokens=12",
@@ -25,7 +25,7 @@ OVERRIDES = [
 @pytest.fixture(scope="module")
 def step_metrics(tmp_path_factory):
     cfg = load_config([*OVERRIDES, f"run_dir={tmp_path_factory.mktemp('run')}"])
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer.from_config(cfg)
     generated = []
     generate = trainer.engine.generate
 

@@ -17,7 +17,7 @@ OVERRIDES = [
     "rl.update_policy=false",
     "distill.lr_factor=100",  # a visible adapter after one step
     "distill.lambda_kl=1.0",
-    "schedule.page_size=4",  # 4-token pages: the tiny prompts' contexts span many of them
+    "rollout.engine.page_size=4",  # 4-token pages: the tiny prompts' contexts span many of them
     "schedule.budgets_pages=[3]",
     "rl.eval.every=0",
     "rl.steps=2",
@@ -32,7 +32,9 @@ def _theta(trainer) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("distill_only")
-    trainer = GRPOTrainer(load_config([*OVERRIDES, "distill=default", f"run_dir={run_dir}"]))
+    trainer = GRPOTrainer.from_config(
+        load_config([*OVERRIDES, "distill=default", f"run_dir={run_dir}"])
+    )
     before = _theta(trainer)
     views = trainer.engine.runner.model._parameter_views()
     engine_before = {k: v.clone() for k, v in views.items()}
@@ -79,10 +81,10 @@ def test_metrics_count_the_sparse_tokens(run):
 
 def test_resume_restores_the_adapter_and_keeps_theta(run):
     trainer, before, _, _, _, run_dir = run
-    resumed = GRPOTrainer(
+    resumed = GRPOTrainer.from_config(
         load_config([*OVERRIDES, "distill=default", f"run_dir={run_dir}", "rl.steps=3"])
     )
-    resumed._maybe_resume()
+    resumed.resume()
     assert resumed.step == 2 and resumed.distill.num_steps == 2
     for key, value in trainer.distill.lora_factors().items():
         assert torch.equal(resumed.distill.lora_factors()[key][1], value[1]), key
@@ -91,7 +93,9 @@ def test_resume_restores_the_adapter_and_keeps_theta(run):
 
 
 def test_without_the_adapter_nothing_is_trained(tmp_path):
-    trainer = GRPOTrainer(load_config([*OVERRIDES, "rl.steps=1", f"run_dir={tmp_path}"]))
+    trainer = GRPOTrainer.from_config(
+        load_config([*OVERRIDES, "rl.steps=1", f"run_dir={tmp_path}"])
+    )
     before = _theta(trainer)
     metrics = trainer.train_step()
     assert trainer.distill is None and "distill/kl_topk" not in metrics

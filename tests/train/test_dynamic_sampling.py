@@ -151,7 +151,7 @@ def _trainer(run_dir, steps: int, max_rounds: int) -> GRPOTrainer:
         "rl.dynamic_sampling.enabled=true",
         f"rl.dynamic_sampling.max_rounds={max_rounds}",
     ]
-    trainer = GRPOTrainer(load_config([*overrides, f"run_dir={run_dir}"]), FakeActor)
+    trainer = GRPOTrainer.from_config(load_config([*overrides, f"run_dir={run_dir}"]), FakeActor)
     calls = []
 
     def reward(prompt, completion, reference):

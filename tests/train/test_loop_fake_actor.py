@@ -28,7 +28,7 @@ OVERRIDES = [
     "rl.prompts_per_step=2",
     "rl.group_size=4",
     "rollout.max_new_tokens=8",
-    "schedule.page_size=4",
+    "rollout.engine.page_size=4",
     "schedule.mode=fixed",
     "schedule.budgets_pages=[3]",
     "actor.lr=1e-3",
@@ -42,7 +42,7 @@ def _parity(prompt: str, completion: str, reference: str) -> float:
 
 def _trainer(run_dir, *extra: str) -> GRPOTrainer:
     cfg = load_config([*OVERRIDES, *extra, f"run_dir={run_dir}"])
-    trainer = GRPOTrainer(cfg, make_actor=FakeActor)
+    trainer = GRPOTrainer.from_config(cfg, make_actor=FakeActor)
     trainer.reward = GuardedReward(_parity, "parity")
     return trainer
 

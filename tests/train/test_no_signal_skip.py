@@ -13,7 +13,7 @@ from sparrow.train.trainer import GRPOTrainer
 def _trainer(run_dir, skip: bool) -> GRPOTrainer:
     overrides = ["preset=tiny", f"run_dir={run_dir}", "rl.steps=3", "rl.eval.every=0"]
     overrides += ["rl.save_every=0", f"rl.skip_no_signal={str(skip).lower()}"]
-    return GRPOTrainer(load_config(overrides))
+    return GRPOTrainer.from_config(load_config(overrides))
 
 
 def _weights(trainer) -> dict:

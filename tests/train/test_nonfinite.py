@@ -31,7 +31,7 @@ def _trainer(run_dir, steps: int, streak: int = 3) -> GRPOTrainer:
             "rl.save_every=0",
         ]
     )
-    return GRPOTrainer(cfg)
+    return GRPOTrainer.from_config(cfg)
 
 
 def _poison(trainer: GRPOTrainer, nan_loss_steps: set[int], inf_grad_steps: set[int]) -> list:
@@ -85,7 +85,7 @@ def test_nonfinite_updates_are_skipped_logged_and_the_streak_resets(tmp_path, ca
     assert not _same(synced[3], synced[2])
     assert _same(synced[5], synced[3])
     assert rows[1]["update/lr"] == rows[2]["update/lr"] == rows[0]["update/lr"]
-    assert trainer.nonfinite_streak == 2
+    assert trainer.run.nonfinite_streak == 2
 
 
 def test_a_streak_stops_the_run_with_a_clear_message(tmp_path):

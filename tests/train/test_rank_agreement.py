@@ -162,7 +162,7 @@ def test_each_rank_samples_its_own_stream(tmp_path, monkeypatch):
     completions = {}
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
-        trainer = GRPOTrainer(cfg, make_actor=FakeActor)
+        trainer = GRPOTrainer.from_config(cfg, make_actor=FakeActor)
         assert trainer.engine.cfg.seed == stream_seed(cfg.seed, "sampling", rank)
         prompt = trainer.train_data.prompts[0].token_ids
         completions[rank] = [o.token_ids for o in trainer.engine.generate([prompt], params, n=4)]

@@ -58,7 +58,9 @@ def test_a_resume_with_another_seed_is_a_changed_run():
 
 def _first_rollout(run_dir, *overrides):
     """The trainer's plan and its step-1 rollout: (prompt ids, completion ids) per sample."""
-    trainer = GRPOTrainer(load_config([*TINY, *overrides, f"run_dir={run_dir}"]), FakeActor)
+    trainer = GRPOTrainer.from_config(
+        load_config([*TINY, *overrides, f"run_dir={run_dir}"]), FakeActor
+    )
     prompts = next(trainer.prompts)
     outputs = trainer._rollout(prompts).outputs
     ids = [(prompts[o.prompt_index].token_ids, o.token_ids) for o in outputs]
@@ -95,7 +97,7 @@ def test_the_same_seed_gives_the_same_run(tmp_path):
     weights, the same metrics but for timings."""
     for name in ("a", "b"):
         overrides = ["preset=tiny", "seed=0", f"run_dir={tmp_path / name}"]
-        GRPOTrainer(load_config(overrides)).fit()
+        GRPOTrainer.from_config(load_config(overrides)).fit()
     weights = [load_file(tmp_path / n / "policy" / "model.safetensors") for n in ("a", "b")]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
@@ -142,7 +144,7 @@ def test_every_stream_is_derived_from_seed():
 
 def test_evaluation_samples_from_the_eval_stream(tmp_path):
     """The trainer's evaluation at step 3 asks the engine for seed 5's eval stream + 3."""
-    trainer = GRPOTrainer(
+    trainer = GRPOTrainer.from_config(
         load_config([*TINY, "seed=5", "rl.eval.num_prompts=2", f"run_dir={tmp_path}"]), FakeActor
     )
     seeds, real_generate = [], trainer.engine.generate

@@ -13,7 +13,7 @@ OVERRIDES = [
     "distill=default",
     "distill.lr_factor=100",  # a visible adapter after one step
     "distill.lambda_kl=1.0",  # the top-K KL term gets the actor's dense top-K
-    "schedule.page_size=4",
+    "rollout.engine.page_size=4",
     "schedule.mode=fixed",
     "schedule.budgets_pages=[3]",
     "rl.eval.every=0",
@@ -29,7 +29,7 @@ def _engine_weight(trainer, name: str) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    trainer = GRPOTrainer(load_config([*MERGED, f"run_dir={run_dir}"]))
+    trainer = GRPOTrainer.from_config(load_config([*MERGED, f"run_dir={run_dir}"]))
     metrics = trainer.train_step()
     trainer.step = 1
     trainer.save()
@@ -68,8 +68,8 @@ def test_evaluation_uses_theta_and_restores_the_rollout_weights(trained):
 
 def test_resume_restores_the_adapter(trained):
     trainer, _, run_dir = trained
-    resumed = GRPOTrainer(load_config([*MERGED, f"run_dir={run_dir}", "rl.steps=2"]))
-    resumed._maybe_resume()
+    resumed = GRPOTrainer.from_config(load_config([*MERGED, f"run_dir={run_dir}", "rl.steps=2"]))
+    resumed.resume()
     assert resumed.step == 1 and resumed.distill.num_steps == 1
     for key, value in trainer.distill.merged_state_dict().items():
         assert torch.equal(resumed.distill.merged_state_dict()[key], value), key
@@ -81,7 +81,7 @@ def test_resume_restores_the_adapter(trained):
 def gated(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("gated")
     overrides = [*OVERRIDES, "monitor.noise_floor_fraction=0.25", f"run_dir={run_dir}"]
-    trainer = GRPOTrainer(load_config(overrides))
+    trainer = GRPOTrainer.from_config(load_config(overrides))
     assert trainer.distill.cfg.gate
     return trainer, trainer.train_step()
 

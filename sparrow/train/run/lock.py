@@ -1,7 +1,7 @@
 """One live run per run dir: an exclusive `flock` on `RUN_DIR/run.lock`, held while the run lives.
 
     with RunDirLock(cfg.run_dir):   # raises RunDirBusy naming the holder (host, pid, start time)
-        GRPOTrainer(cfg).fit()
+        GRPOTrainer.from_config(cfg).fit()
 
 The kernel drops a flock when the open file it was taken on is closed, which happens however the
 holder ends (SIGKILL and the OOM killer included): a lock file left behind by a dead process never

@@ -1,21 +1,37 @@
-"""The GRPO trainer's run state, saved with the actor in every checkpoint and restored on
-resume: the prompt order, the controller, the engine's sampling-call count (its seed stream), the
-non-finite streak, the first evaluation's scores, DistillSparse's adapter, and the step's own
-metrics row (restored from here if metrics.jsonl lost it).
+"""The run's state across launches: the step, the non-finite streak and the first evaluation's
+scores, saved with the actor in every checkpoint together with the parts' own state (the prompt
+order, the controller, the engine's sampling-call count (its seed stream), DistillSparse's
+adapter) and the step's metrics row (restored from here if metrics.jsonl lost it).
 
-`CheckpointedRun` is GRPOTrainer's base: it reads and writes the trainer's parts (`prompts`,
-`steering`, `engine`, `actor`, `distill`, `baseline`, `checkpoints`, `logger`, `ranks`) and
-calls back `_sync_engine` and `steering.push` after loading.
+`RunState` is given the parts it saves and loads; the trainer holds it and, after a resume, puts
+the loaded weights into the engine itself (the run state does not call back into the trainer).
 """
 
 from dataclasses import asdict
 from pathlib import Path
 
+from sparrow.train.run.checkpoint import CheckpointManager
 from sparrow.train.run.stored_config import ResumeMismatch, check_resume, save_run_config
 
 
-class CheckpointedRun:
-    """Save, pick and load the trainer's checkpoints (a mixin: the state is GRPOTrainer's)."""
+class RunState:
+    """Save, pick and load the run's checkpoints.
+
+    `cfg`: the run's config (run_dir, resume, resume_mismatch; stored whole in the run dir);
+    `parts`: the objects whose state a checkpoint holds — `actor` (save_checkpoint,
+    load_checkpoint), `prompts`, `steering` (its controller), `engine` (num_generate_calls),
+    `distill` (or None), `baseline` (the first evaluation's scores) and `logger` (the step's row,
+    the history cut back on resume).
+    """
+
+    def __init__(self, cfg, ranks, *, actor, prompts, steering, engine, distill, baseline, logger):
+        self.cfg, self.ranks = cfg, ranks
+        self.run_dir = Path(cfg.run_dir)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
+        self.actor, self.prompts, self.steering, self.engine = actor, prompts, steering, engine
+        self.distill, self.baseline, self.logger = distill, baseline, logger
+        self.step = 0
+        self.nonfinite_streak = 0
 
     def state_dict(self) -> dict:
         controller = self.steering.controller
@@ -37,18 +53,20 @@ class CheckpointedRun:
     def save(self) -> Path:
         return self.checkpoints.save(self.step, self.state_dict(), self.actor.save_checkpoint)
 
-    def _maybe_resume(self) -> None:
+    def resume(self) -> bool:
         """Resume from a checkpoint (resume=auto: the newest complete one) after checking that
-        the run dir's stored config matches; cut the run history back to the resumed step."""
+        the run dir's stored config matches; cut the run history back to the resumed step.
+        True when a checkpoint was loaded (the engine then needs the loaded weights)."""
         config = asdict(self.cfg)
         # Rank 0 picks and checks the checkpoint for all: a rank on another node could see an
         # older listing of the shared run dir and load another step, and each rank would
         # otherwise checksum every checkpoint file again.
         path = self.ranks.from_rank0(lambda: self._checkpoint_to_resume(config))
-        row = self._load_checkpoint(path) if path is not None else None
+        row = self._load(path) if path is not None else None
         self.logger.resume_at(self.step if path is not None else -1, row)
-        if self.rank == 0:
+        if self.ranks.rank == 0:
             save_run_config(self.run_dir, config)
+        return path is not None
 
     def _checkpoint_to_resume(self, config: dict) -> Path | None:
         """The checkpoint `resume` names (auto: the newest complete one), checked against the
@@ -61,8 +79,8 @@ class CheckpointedRun:
             check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
         return path
 
-    def _load_checkpoint(self, path: Path) -> dict | None:
-        """Load checkpoint `path` into the trainer; returns the metrics row it carries."""
+    def _load(self, path: Path) -> dict | None:
+        """Load checkpoint `path` into the parts; returns the metrics row it carries."""
         loaded = self.checkpoints.load(path)
         try:
             self.actor.load_checkpoint(loaded.actor_dir)
@@ -83,8 +101,6 @@ class CheckpointedRun:
             if state.get("distill") is not None:
                 self.distill.load_state_dict(state["distill"])
             self.distill.load_base(self.actor.gathered_state_dict())
-        self._sync_engine()
-        self.steering.push()
-        if self.rank == 0:
+        if self.ranks.rank == 0:
             print(f"resumed from {path} at step {self.step}", flush=True)
         return state.get("metrics_row")
