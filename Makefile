@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine with nothing but Python (see README):
 #   make train   — sparrow-train on its embedded CPU default (ARGS="key=value ..." for overrides)
 #   make test    — the default test suite (PYTEST_ARGS="-m slow" etc.)
+#   make lint    — ruff (lint and format) and the mypy type check of sparrow/ (pyproject.toml)
 # Both create .venv on first use; later runs skip the install unless setup.py changed.
 
 VENV ?= .venv
@@ -35,3 +36,4 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check sparrow tests
 	$(VENV)/bin/ruff format --check sparrow tests
+	$(VENV)/bin/mypy
