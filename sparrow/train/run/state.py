@@ -76,7 +76,9 @@ class RunState:
             return None
         path = self.checkpoints.latest_complete() if resume == "auto" else Path(resume)
         if path is not None:
-            check_resume(self.run_dir, config, self.cfg.resume_mismatch == "allow", path)
+            allow = self.cfg.resume_mismatch == "allow"
+            defaults = asdict(type(self.cfg)())  # for keys newer than the run dir's config
+            check_resume(self.run_dir, config, allow, path, defaults)
         return path
 
     def _load(self, path: Path) -> dict | None:

@@ -58,19 +58,31 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def differing_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """'key: stored -> current' for every run-changing key whose value differs."""
-    old, new = flatten(stored), flatten(current)
+def differing_keys(
+    stored: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """'key: stored -> current' for every run-changing key whose value differs. A key the stored
+    config lacks (added to sparrow after the run started) differs only when the current value is
+    not its default (`defaults`, the config schema's): a run dir from an older sparrow resumes."""
+    old, new, default = flatten(stored), flatten(current), flatten(defaults or {})
     keys = sorted(k for k in old.keys() | new.keys() if k.startswith(RUN_KEYS))
+    keys = [k for k in keys if k in old or k not in default or new.get(k) != default[k]]
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
-def check_resume(run_dir: Path, config: dict[str, Any], allow: bool, checkpoint: Path) -> None:
-    """Raise ResumeMismatch when resuming `checkpoint` would silently change the run."""
+def check_resume(
+    run_dir: Path,
+    config: dict[str, Any],
+    allow: bool,
+    checkpoint: Path,
+    defaults: dict[str, Any] | None = None,
+) -> None:
+    """Raise ResumeMismatch when resuming `checkpoint` would silently change the run
+    (`defaults`: the schema's values, for keys newer than the stored config)."""
     path = Path(run_dir) / FILE_NAME
     if allow or not path.is_file():
         return
-    diffs = differing_keys(json.loads(path.read_text()), config)
+    diffs = differing_keys(json.loads(path.read_text()), config, defaults)
     if diffs:
         raise ResumeMismatch(
             f"{run_dir} holds a run with another config ({'; '.join(diffs)}); resuming "

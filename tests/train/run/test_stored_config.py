@@ -32,6 +32,21 @@ def test_only_run_changing_keys_differ():
     assert diffs[1] == "rl.group_size: 8 -> 3"
 
 
+def test_a_key_newer_than_the_stored_config_differs_only_off_its_default():
+    """A run dir written before a key existed (e.g. data.answer_extractor) resumes while the key
+    is at the schema's default, and is refused once it is set to anything else."""
+    from sparrow.train.run.stored_config import differing_keys
+
+    defaults = asdict(SparrowConfig())
+    older = asdict(SparrowConfig())
+    del older["data"]["answer_extractor"]
+    assert differing_keys(older, defaults, defaults) == []
+    assert differing_keys(older, defaults) == ["data.answer_extractor: None -> 'none'"]
+    boxed = asdict(SparrowConfig())
+    boxed["data"]["answer_extractor"] = "boxed"
+    assert differing_keys(older, boxed, defaults) == ["data.answer_extractor: None -> 'boxed'"]
+
+
 def test_resume_with_another_config_is_refused_unless_allowed(tmp_path):
     from sparrow.train.run.stored_config import (
         FILE_NAME,
