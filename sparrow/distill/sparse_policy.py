@@ -139,28 +139,9 @@ class SparsePolicy:
         used_len = int(completion_mask.long().cumsum(1).argmax(1).max()) + 1  # drop padding
         ids = input_ids[:, :used_len].to(device)  # (B, L)
         mask = completion_mask[:, :used_len].to(device)  # (B, L)
-        budgets = query_budgets(budget_pages[:, :used_len].to(device), mask, self.attn.page_size)
-        # Padding reads only sink + recent pages: its outputs reach no real token (see
-        # query_budgets); the gate keeps the rollout's own budgets.
-        attention_budgets = query_budgets(
-            budget_pages[:, :used_len].to(device), mask, self.attn.page_size,
-            padding_pages=self.attn.num_sink + self.attn.num_recent,
-        )  # fmt: skip
-        meta = SparseForwardMetadata(self.attn, attention_budgets)
-        gate = self.sparse_positions(budgets)[..., None].float() if self.gated else None
-        decoder, start, cached = self.model.get_decoder(), 0, {}
-        if prefix is not None:  # positions 0 .. S-1 come from the prefix's cache
-            start = prefix.length
-            cached = {
-                cache_keyword(decoder): prefix.for_rows(len(ids)),
-                "position_ids": torch.arange(start, used_len, device=device).expand(len(ids), -1),
-                "use_cache": True,
-            }
-            gate = None if gate is None else gate[:, start:]
-        with self._gated(gate):  # (B, L - S, 1)
-            hidden = decoder(
-                input_ids=ids[:, start:], sparrow_sparse=meta, **cached
-            ).last_hidden_state  # (B, L - S, H)
+        budget_pages = budget_pages[:, :used_len].to(device)  # (B, L)
+        start = 0 if prefix is None else prefix.length
+        hidden = self._hidden_states(ids, mask, budget_pages, prefix)  # (B, L - S, H)
         targets = mask[:, 1:]  # (B, L - 1): hidden at t - 1 predicts the token at t
         if bool(targets[:, :start].any()):
             raise ValueError("the shared prefix reaches into a completion")
@@ -177,6 +158,36 @@ class SparsePolicy:
         topk_lp = logprobs.gather(-1, ids_k)  # (N, K)
         out_k = torch.zeros((*input_ids.shape, ids_k.shape[-1]), device=device)  # (B, T, K)
         return token_lp, out_k.masked_scatter(full_mask[..., None], topk_lp)
+
+    def _hidden_states(
+        self, ids: Tensor, mask: Tensor, budget_pages: Tensor, prefix: SharedPrefix | None
+    ) -> Tensor:
+        """(B, L - S, H) the decoder's last hidden states at positions S.. of `ids` (B, L) under
+        sparse attention at the rollout's budgets, S the prefix's length (0 without one: its
+        positions come from its cache), phi gated to the sparse positions in gated mode."""
+        device, used_len = ids.device, ids.shape[1]
+        budgets = query_budgets(budget_pages, mask, self.attn.page_size)
+        # Padding reads only sink + recent pages: its outputs reach no real token (see
+        # query_budgets); the gate keeps the rollout's own budgets.
+        attention_budgets = query_budgets(
+            budget_pages, mask, self.attn.page_size,
+            padding_pages=self.attn.num_sink + self.attn.num_recent,
+        )  # fmt: skip
+        meta = SparseForwardMetadata(self.attn, attention_budgets)
+        gate = self.sparse_positions(budgets)[..., None].float() if self.gated else None
+        decoder, start, cached = self.model.get_decoder(), 0, {}
+        if prefix is not None:  # positions 0 .. S-1 come from the prefix's cache
+            start = prefix.length
+            cached = {
+                cache_keyword(decoder): prefix.for_rows(len(ids)),
+                "position_ids": torch.arange(start, used_len, device=device).expand(len(ids), -1),
+                "use_cache": True,
+            }
+            gate = None if gate is None else gate[:, start:]
+        with self._gated(gate):  # (B, L - S, 1)
+            return decoder(
+                input_ids=ids[:, start:], sparrow_sparse=meta, **cached
+            ).last_hidden_state  # (B, L - S, H)
 
     @torch.no_grad()
     def shared_prefix(
