@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for arm, engine in engines.items():
             engine.generate([prompt.tolist()], params, n=args.samples)
-            rates[arm].append(engine.last_stats.decode_tok_s)
+            stats = engine.last_stats
+            assert stats is not None  # every generate call sets it
+            rates[arm].append(stats.decode_tok_s)
             print(f"{arm:7s} {rates[arm][-1]:6.1f} decode tok/s", flush=True)
     medians = {arm: statistics.median(values) for arm, values in rates.items()}
     report = {

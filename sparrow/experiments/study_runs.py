@@ -151,8 +151,8 @@ def _single_process_env(threads: int | None = None) -> dict:
     torchrun launch, or an in-process trainer that exported them) would make it join that one.
     With several runs at a time each gets `threads` intra-op threads, so they do not oversubscribe
     the cores."""
-    dist_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-    dist_vars += ("LOCAL_WORLD_SIZE",)
+    dist_vars = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"}
+    dist_vars.add("LOCAL_WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in dist_vars}
     if threads is not None and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads)
