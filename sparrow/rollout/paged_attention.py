@@ -26,6 +26,7 @@ from torch import Tensor
 from sparrow.kernels import (
     GatherPlan,
     PageSummary,
+    SelectedPages,
     SelectionPlan,
     append_kv,
     attend_gathered,
@@ -247,48 +248,68 @@ class PagedKVCache:
                 score=self.cfg.score, num_sink=self.cfg.num_sink, num_recent=self.cfg.num_recent,
                 scale=q.shape[-1] ** -0.5,
             )  # fmt: skip
-        selected = None
-        if sparse:
-            selected = select_pages(
-                q,
-                summary,
-                meta.page_table,
-                meta.seq_lens,
-                meta.budgets,
-                **self._rule,
-                score=self.cfg.score,
-                backend=self.cfg.backend,
-                validate=False,
-                plan=meta.selection,
-            )
-        plan = None
+        selected = self._select(q, summary, meta) if sparse else None
         if selected is None and not self._triton:
+            return self._dense_gathered(layer, q, k, v, meta)
+        return self._paged_decode(layer, q, meta, selected, plan=None)
 
-            def dense_plan() -> GatherPlan:  # the same rows and mask for every dense layer
-                if meta.dense_plan is None:
-                    meta.dense_plan = gather_plan(
-                        meta.page_table,
-                        meta.seq_lens,
-                        None,
-                        self.cfg.page_size,
-                        k_cache.shape[2],
-                        num_slots=meta.page_table.shape[1],  # no sync for the longest row
-                    )
-                return meta.dense_plan
+    def _select(self, q: Tensor, summary: PageSummary, meta: DecodeMetadata) -> SelectedPages:
+        """A sparse layer's pages for this step, on the step's selection plan."""
+        return select_pages(
+            q,
+            summary,
+            meta.page_table,
+            meta.seq_lens,
+            meta.budgets,
+            **self._rule,
+            score=self.cfg.score,
+            backend=self.cfg.backend,
+            validate=False,
+            plan=meta.selection,
+        )
 
-            copy = self.dense_copy
-            if copy is not None and copy.active:
-                keys, values = copy.keys_values(
-                    layer, k, v, k_cache, v_cache, dense_plan, self._workspace
+    def _dense_gathered(
+        self, layer: int, q: Tensor, k: Tensor, v: Tensor, meta: DecodeMetadata
+    ) -> Tensor:
+        """A dense layer on the torch path: from the contiguous K/V copy when it is kept, else
+        gathered from the pages on the step's dense gather plan."""
+        k_cache, v_cache = self.k[layer], self.v[layer]
+
+        def dense_plan() -> GatherPlan:  # the same rows and mask for every dense layer
+            if meta.dense_plan is None:
+                meta.dense_plan = gather_plan(
+                    meta.page_table,
+                    meta.seq_lens,
+                    None,
+                    self.cfg.page_size,
+                    k_cache.shape[2],
+                    num_slots=meta.page_table.shape[1],  # no sync for the longest row
                 )
-                return attend_gathered(q, keys, values, copy.bias, q.shape[-1] ** -0.5)
-            plan = dense_plan()
+            return meta.dense_plan
+
+        copy = self.dense_copy
+        if copy is not None and copy.active:
+            keys, values = copy.keys_values(
+                layer, k, v, k_cache, v_cache, dense_plan, self._workspace
+            )
+            return attend_gathered(q, keys, values, copy.bias, q.shape[-1] ** -0.5)
+        return self._paged_decode(layer, q, meta, None, plan=dense_plan())
+
+    def _paged_decode(
+        self,
+        layer: int,
+        q: Tensor,
+        meta: DecodeMetadata,
+        selected: SelectedPages | None,
+        plan: GatherPlan | None,
+    ) -> Tensor:
+        """Attention over the layer's cache: the `selected` pages, or every page (None)."""
         # validate=False: the runner builds page tables from the block manager and budgets of at
         # least num_sink + num_recent; the value checks would cost a device sync per layer.
         return paged_decode(
             q,
-            k_cache,
-            v_cache,
+            self.k[layer],
+            self.v[layer],
             meta.page_table,
             meta.seq_lens,
             selected,
