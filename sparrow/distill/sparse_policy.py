@@ -25,13 +25,14 @@ import copy
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
-from torch import Tensor
-from transformers import DynamicCache
+from torch import Tensor, nn
+from transformers import DynamicCache, PreTrainedModel
 
 from sparrow.distill.sparse_attention import (
     SparseForwardMetadata,
@@ -60,6 +61,13 @@ class SharedPrefix:
         return cache
 
 
+def _weight(linear: nn.Module) -> Tensor:
+    """A linear's weight (a module's attributes are Tensor | Module to a type checker)."""
+    weight = linear.weight
+    assert isinstance(weight, Tensor)
+    return weight
+
+
 class SparsePolicy:
     def __init__(
         self,
@@ -75,11 +83,15 @@ class SparsePolicy:
         """gate: phi only at sparse tokens (see the module docstring); False: at every token."""
         model = copy.deepcopy(base_model)
         model.set_attn_implementation(register_attention())
-        lora = LoraConfig(
-            r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules
+        lora = LoraConfig(  # peft annotates lora_alpha int; a float scales as alpha / r too
+            r=rank,
+            lora_alpha=alpha,  # type: ignore[arg-type]
+            lora_dropout=dropout,
+            target_modules=target_modules,
         )
         self.peft_model = get_peft_model(model, lora)  # freezes every non-LoRA parameter
-        self.model = self.peft_model.base_model.model  # the HF model with LoRA layers injected
+        # The HF model with LoRA layers injected (nn.Module attribute lookups are untyped).
+        self.model = cast(PreTrainedModel, self.peft_model.base_model.model)
         # Train mode only matters for LoRA dropout: Llama/Qwen3 have no other dropout modules,
         # and the sparse attention ignores attention_dropout (the engine has none).
         self.model.train(dropout > 0)
@@ -235,8 +247,8 @@ class SparsePolicy:
         by peft's alpha / r, detached."""
         return {
             name: (
-                layer.lora_A[ADAPTER].weight.detach(),
-                layer.lora_B[ADAPTER].weight.detach() * layer.scaling[ADAPTER],
+                _weight(layer.lora_A[ADAPTER]).detach(),
+                _weight(layer.lora_B[ADAPTER]).detach() * layer.scaling[ADAPTER],
             )
             for name, layer in self._lora.items()
         }
@@ -247,8 +259,9 @@ class SparsePolicy:
         Unmerged entries alias the live base weights (the engine copies them)."""
         merged = {name: t.detach() for name, t in self._base.items()}
         for name, layer in self._lora.items():
-            base = layer.get_base_layer().weight
-            delta = layer.get_delta_weight(ADAPTER).to(base.dtype)
+            base = _weight(layer.get_base_layer())
+            # Each LoRA layer type defines it; their base class LoraLayer does not declare it.
+            delta = layer.get_delta_weight(ADAPTER).to(base.dtype)  # type: ignore[attr-defined]
             merged[f"{name}.weight"] = base.detach() + delta
         return merged
 
