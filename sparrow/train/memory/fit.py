@@ -40,6 +40,7 @@ class DeviceMemory:
     bytes: int  # what the run may use, headroom not yet taken off
     name: str  # where the figure comes from, for the plan line
     headroom: float
+    runtime: int = 0  # CPU: this process's resident size when measured, which the plan counts
 
     @property
     def usable(self) -> int:
@@ -52,9 +53,10 @@ class Fitted:
     plan: MemoryPlan
     device: DeviceMemory
     changes: tuple[str, ...]  # "key=value" of each knob sized
+    configured: tuple[str, int] | None = None  # when sized: the peak phase of the plan as set
 
     def line(self) -> str:
-        """The plan line: the peak phase against the device, and what was sized."""
+        """The plan line: the peak phase against the device, and what was sized and why."""
         name, peak = self.plan.peak_phase()
         text = (
             f"memory: peak {peak / GiB:.1f} GiB ({name}) of {self.device.usable / GiB:.1f} GiB "
@@ -63,25 +65,29 @@ class Fitted:
         )
         if self.changes:
             text += "; sized to fit: " + ", ".join(self.changes)
+        if self.configured:
+            name, peak = self.configured
+            text += f" (as configured, the {name} needs {peak / GiB:.1f} GiB)"
         return text
 
 
 def device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
     """memory.device_gib when set; else the GPU's free memory, the H200's when a GPU run is
-    planned without a GPU, or on CPU the host RAM available plus what this process holds already
-    (the loaded weights are part of the plan)."""
+    planned without a GPU, or on CPU the host RAM available plus what this process holds already.
+    On CPU the plan counts what the process holds (`runtime`: interpreter, libraries, tokenizer,
+    prompts; the weights are memory-mapped from their safetensors and not read yet)."""
     import torch
 
+    runtime = 0 if on_gpu else _kib_fields("/proc/self/status").get("VmRSS", 0) * 1024
     if cfg.device_gib is not None:
-        return DeviceMemory(int(cfg.device_gib * GiB), "memory.device_gib", cfg.headroom)
+        return DeviceMemory(int(cfg.device_gib * GiB), "memory.device_gib", cfg.headroom, runtime)
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         return DeviceMemory(free + torch.cuda.memory_allocated(), "GPU free", cfg.headroom)
     if on_gpu:
         return DeviceMemory(H200_BYTES, "H200 (no GPU here)", cfg.headroom)
-    meminfo = _kib_fields("/proc/meminfo")
-    own = _kib_fields("/proc/self/status").get("VmRSS", 0)
-    return DeviceMemory((meminfo["MemAvailable"] + own) * 1024, "host RAM", cfg.headroom)
+    available = _kib_fields("/proc/meminfo")["MemAvailable"] * 1024
+    return DeviceMemory(available + runtime, "host RAM", cfg.headroom, runtime)
 
 
 def rank_device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
@@ -110,10 +116,11 @@ def fit_memory(
     naming the phase over the device and the knob to change."""
 
     def plan(c: SparrowConfig) -> MemoryPlan:
-        return plan_memory(c, shape, world, on_gpu, longest_prompt, common_prefix)
+        return plan_memory(c, shape, world, on_gpu, longest_prompt, common_prefix, device.runtime)
 
     usable = device.usable
     current = plan(cfg)
+    configured = current.peak_phase()
     changes: list[str] = []
     if _peak(current) <= usable:
         return Fitted(cfg, current, device, ())
@@ -138,7 +145,7 @@ def fit_memory(
         name, peak = current.peak_phase()
         knob = _actor_knob(cfg, current, pinned, _longest_row(cfg, plan))
         raise MemoryRefused(_refusal(name, peak, device, knob), current)
-    return Fitted(cfg, current, device, tuple(changes))
+    return Fitted(cfg, current, device, tuple(changes), configured if changes else None)
 
 
 def _longest_row(cfg: SparrowConfig, plan) -> int:
@@ -160,7 +167,8 @@ def _largest_budget(cfg: SparrowConfig, plan, usable: int) -> int | None:
     low = -(-row // _BUDGET_STEP)  # in steps: the smallest multiple at least the row
     if not fits(low * _BUDGET_STEP):
         return row
-    high = -(-max(row, plan(cfg).actor_tokens) // _BUDGET_STEP) + 1  # low fits, high not
+    uncut = plan(cfg)  # a budget of its decoder tokens and rows x prompt cuts nothing
+    high = -(-max(row, uncut.actor_tokens, uncut.actor_expanded) // _BUDGET_STEP) + 1
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid * _BUDGET_STEP) else (low, mid)
@@ -189,6 +197,12 @@ def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int) -
         )
     if phase == "decode peak":
         return f"lower rollout.engine.max_batch_size={eng.max_batch_size}"
+    if phase == "monitor exact":  # its pass takes micro_batch_size rows, not the token budget
+        return (
+            f"lower actor.micro_batch_size={cfg.actor.micro_batch_size} (the exact acceptance's "
+            f"rows per pass) or monitor.exact_fraction={cfg.monitor.exact_fraction}, or set "
+            "monitor.exact=false"
+        )
     # "resident": weights, optimizer state and the engine's pool; name the larger share.
     weights = plan.actor_weights + plan.engine_weights + plan.optimizer
     if plan.kv_pool + plan.page_summaries >= weights:

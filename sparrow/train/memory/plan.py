@@ -10,15 +10,34 @@ optimizer state, the engine's weight copy, KV pool and page summaries) plus its 
 
 - prefill peak: one prefill step's activations (the longest prompt, or max_prefill_tokens);
 - decode peak: the sampler's fp32 logits of a full batch;
-- actor log-probs: a no-grad forward of one micro-batch (one layer's activations, the causal
-  mask, the lm_head chunk);
-- actor step: gradients plus the micro-batch's activations (sparrow.rl.actor_memory);
-- both actor phases: with shared prompts, the prompts' K/V indexed out to every row (`row_cache`).
+- actor log-probs: a no-grad pass over the actor's largest micro-batch (actor_passes.py: its
+  prompts' K/V indexed out to every row included);
+- monitor exact (monitor.exact): the same pass over the rows the exact acceptance measures, and
+  per row its dense and rollout log-softmax over the vocabulary;
+- actor step: gradients plus the micro-batch's activations (sparrow.rl.actor_memory), with shared
+  prompts their K/V indexed out to every row (`row_cache`, held `step_copies` times).
+
+On CPU the device is host RAM, which the process itself shares, and three more things live there:
+- `runtime`: the process when the plan is made (interpreter, torch, DeepSpeed, transformers, the
+  tokenizer, the prompts: 0.5-0.7 GiB for SmolLM2; the weights are memory-mapped from their
+  safetensors and not yet read, so they are not in it);
+- `packed_weights`: with linear_backend=onednn the engine keeps its matrices re-laid out beside
+  the plain ones (sparrow.rollout.linear), one more copy of every matrix it multiplies by;
+- `kept_logits`: monitor.exact keeps the measured rows' rollout logits (T x V fp32) in host RAM
+  from the rollout until the monitor reads them, across the log-prob pass.
+A phase's resident size also exceeds its live bytes: glibc keeps the blocks a phase frees under
+its 32 MB mmap threshold (sparrow.malloc), and a later allocation of another size cannot reuse
+them all. Two terms count it:
+- `HOST_CACHE_COPIES`: each layer's row-expanded prompt K/V is replaced by its concatenation with
+  the completions' K/V, a slightly longer tensor that cannot take the freed block, so on the heap
+  the expanded cache is held once more than live, in the no-grad passes and in the update;
+- `ALLOCATOR_SLACK`: the rest, a share of each phase's transient bytes.
 
 Sizes per value: weights and gradients in the model's dtype; AdamW's m and v in fp32, plus an fp32
 master copy when the actor trains in bf16; ZeRO stage >= 1 partitions optimizer state over the
 ranks, >= 2 also gradients, 3 also weights. Activation sizes are a sketch (docstrings below);
-tests/train/memory/test_plan.py checks them against the GPU rehearsal's live bytes at Qwen3-1.7B.
+tests/train/memory/test_plan.py checks them against the GPU rehearsal's live bytes at Qwen3-1.7B,
+tests/train/memory/test_measured_peaks.py the CPU plan against both README commands' peak RSS.
 """
 
 from dataclasses import dataclass
@@ -26,18 +45,27 @@ from dataclasses import dataclass
 import torch
 
 from sparrow.models.shape import ModelShape
-from sparrow.rl.actor_memory import (
-    LOGPROB_COPIES,
-    STEP_COPIES,
-    micro_batch_activation_bytes,
-    micro_batch_decoder_tokens,
-    row_expanded_cache_bytes,
-)
+from sparrow.rl.actor_memory import micro_batch_activation_bytes, row_expanded_cache_bytes
 from sparrow.train.config import SparrowConfig
+from sparrow.train.memory.actor_passes import (
+    actor_micro_batch,
+    exact_micro_batch,
+    no_grad_pass_bytes,
+    step_cache_copies,
+)
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PHASES = ("resident", "prefill peak", "decode peak", "actor log-probs", "actor step")
+PHASES = (
+    "resident", "prefill peak", "decode peak", "actor log-probs", "monitor exact", "actor step",
+)  # fmt: skip
+# CPU, see the module docstring. The slack is the smallest share (in steps of 0.05) for which the
+# plan covers the worst peaks of `sparrow-bench actor long-prompt` (test_plan.py's
+# LONG_PROMPT_GIB: 1-2 groups of 3200-token prompts, a run other than the README's), whose two
+# runs per setting differ by up to 2 GiB; tests/train/memory/test_measured_peaks.py then checks
+# the README's two commands against it.
+HOST_CACHE_COPIES = 1
+ALLOCATOR_SLACK = 0.2
 
 
 @dataclass(frozen=True)
@@ -51,34 +79,49 @@ class MemoryPlan:
     dense_copies: int  # CPU torch backend: the dense layers' contiguous K/V (at most)
     prefill_extra: int
     decode_extra: int
-    logprob_extra: int
+    logprob_extra: int  # the no-grad pass, its prompts' K/V indexed out to the rows included
     step_activations: int
-    row_cache: int  # shared prompts' K/V expanded to the rows, once (held in copies)
+    row_cache: int  # shared prompts' K/V expanded to the rows, once
+    step_copies: float  # of row_cache held at the actor step's peak (step_cache_copies)
     actor_tokens: int  # decoder tokens per actor micro-batch the plan assumed
+    actor_expanded: int  # its rows x the longest prompt (shared prompts; a budget bounds both)
     checkpointing: bool
     reference_weights: int = 0  # rl.loss.kl_coef > 0: the initial weights (ZeRO-3: 1/world)
+    exact_extra: int = 0  # monitor.exact: the exact acceptance's no-grad pass and per-row work
+    runtime: int = 0  # CPU: this process when the plan is made (interpreter, libraries, data)
+    packed_weights: int = 0  # CPU engine, linear_backend=onednn: its matrices re-laid out
+    kept_logits: int = 0  # CPU, monitor.exact: the measured rows' rollout logits
+    slack: float = 0.0  # CPU: ALLOCATOR_SLACK
 
     @property
     def engine_resident(self) -> int:
         """What the trainer holds once the engine is built, before the optimizer's state exists:
-        both weight copies and the pool (the GPU rehearsal's "engine resident")."""
+        both weight copies and the pool (the GPU rehearsal's "engine resident"), and on CPU the
+        process's runtime and the engine's packed matrices."""
         engine = self.engine_weights + self.kv_pool + self.page_summaries + self.dense_copies
-        return self.actor_weights + self.reference_weights + engine
+        own = self.runtime + self.packed_weights
+        return self.actor_weights + self.reference_weights + engine + own
+
+    @property
+    def transients(self) -> dict[str, int]:
+        """Phase -> live bytes it holds above the resident ones (no allocator slack)."""
+        out = {
+            "resident": 0,
+            "prefill peak": self.prefill_extra,
+            "decode peak": self.decode_extra + self.kept_logits,
+            "actor log-probs": self.logprob_extra + self.kept_logits,
+        }
+        if self.exact_extra:
+            out["monitor exact"] = self.exact_extra + self.kept_logits
+        cache = int(self.step_copies * self.row_cache)
+        out["actor step"] = self.gradients + self.step_activations + cache
+        return out
 
     @property
     def phases(self) -> dict[str, int]:
         """Phase -> bytes held at its peak (the optimizer state stays resident throughout)."""
         base = self.engine_resident + self.optimizer
-        return {
-            "resident": base,
-            "prefill peak": base + self.prefill_extra,
-            "decode peak": base + self.decode_extra,
-            "actor log-probs": base + self.logprob_extra + LOGPROB_COPIES * self.row_cache,
-            "actor step": base
-            + self.gradients
-            + self.step_activations
-            + STEP_COPIES * self.row_cache,
-        }
+        return {name: base + int(t * (1 + self.slack)) for name, t in self.transients.items()}
 
     def peak_phase(self) -> tuple[str, int]:
         return max(self.phases.items(), key=lambda kv: kv[1])
@@ -92,11 +135,18 @@ class MemoryPlan:
             ("engine resident", self.engine_resident),
             ("optimizer state", self.optimizer),
         ]
+        if self.packed_weights:
+            parts.insert(2, ("engine packed weights", self.packed_weights))
         if self.reference_weights:
             parts.insert(1, ("reference weights (KL)", self.reference_weights))
+        if self.runtime:
+            parts.insert(0, ("process runtime", self.runtime))
         lines = [f"memory plan ({device_name}: {device_bytes / GiB:.1f} GiB)", "  parts:"]
         lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in parts]
-        lines.append("  held at each phase's peak (resident: engine resident + optimizer state):")
+        held = "resident: engine resident + optimizer state"
+        if self.slack:
+            held += f"; transients +{self.slack:.0%} allocator slack"
+        lines.append(f"  held at each phase's peak ({held}):")
         lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in self.phases.items()]
         return "\n".join(lines)
 
@@ -114,6 +164,14 @@ def parameter_count(shape: ModelShape) -> int:
     return shape.num_layers * layer + heads * shape.vocab_size * h + h
 
 
+def matrix_count(shape: ModelShape) -> int:
+    """Values of the matrices the engine multiplies by (sparrow.rollout.model): each layer's
+    q/k/v, o, gate/up and down, and the LM head (the input embedding is only indexed)."""
+    h, q_dim = shape.hidden_size, shape.num_q_heads * shape.head_dim
+    layer = h * q_dim + 2 * h * shape.kv_dim + q_dim * h + 3 * h * shape.intermediate_size
+    return shape.num_layers * layer + shape.vocab_size * h
+
+
 def prefill_activation_bytes(shape: ModelShape, tokens: int, bytes_per_value: int) -> int:
     """One prefill step of `tokens` new tokens (no autograd): per token, the residual stream, its
     norm, q/k/v, the attention output and its projection (6 H + 2 kv_dim) and the MLP's gate, up,
@@ -122,69 +180,12 @@ def prefill_activation_bytes(shape: ModelShape, tokens: int, bytes_per_value: in
     return tokens * per_token * bytes_per_value
 
 
-def logprob_pass_bytes(
-    shape: ModelShape,
-    tokens: int,
-    row_tokens: int,
-    prompt_tokens: int,
-    chunk_tokens: int,
-    bytes_per_value: int,
-) -> int:
-    """A no-grad forward of `tokens` decoder tokens in rows of at most `row_tokens`: the
-    residual stream in and out of a layer and one layer's activations (the training sketch of
-    sparrow.rl.actor_memory, without the other layers), the shared prompt's K/V in every layer
-    (the completions attend to it), HF's boolean causal mask (each query over at most a row's
-    keys), and the lm_head chunk's fp32 logits, log-softmax and top-K work."""
-    per_layer = 12 * shape.hidden_size + 4 * shape.intermediate_size + 2 * shape.kv_dim
-    cache = min(prompt_tokens, tokens) * shape.num_layers * 2 * shape.kv_dim
-    logits = 3 * chunk_tokens * shape.vocab_size * 4
-    values = tokens * per_layer + cache
-    return values * bytes_per_value + tokens * min(tokens, row_tokens) + logits
-
-
 def actor_micro_batch_tokens(
     cfg: SparrowConfig, longest_prompt: int | None = None, common_prefix: int = 0
 ) -> tuple[int, str]:
-    """Decoder tokens of the actor's largest micro-batch and how they are set: the token budget
-    (a row longer than it runs alone), or micro_batch_size rows at the longest prompt and
-    completion, prompts and their common prefix run once as the actor does."""
-    actor = cfg.actor
-    prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
-    row = prompt + cfg.rollout.max_new_tokens
-    budget = actor.max_tokens_per_micro_batch
-    if budget > 0:
-        if row > budget:
-            return row, f"token budget {budget}; the longest row runs alone"
-        return budget, "token budget"
-    tokens = micro_batch_decoder_tokens(
-        actor.micro_batch_size,
-        cfg.rl.group_size,
-        prompt,
-        cfg.rollout.max_new_tokens,
-        common_prefix,
-        actor.share_prompts,
-        actor.share_prefix,
-    )
-    return tokens, f"{actor.micro_batch_size} rows at most"
-
-
-def actor_expanded_prompt_tokens(
-    cfg: SparrowConfig, world: int, longest_prompt: int | None = None
-) -> int:
-    """Prompt tokens of the largest micro-batch once indexed out to its rows (shared prompts
-    only): rows x the longest prompt, the rows being micro_batch_size (a group larger than it
-    runs whole); under a token budget the packing keeps rows x prompt within the budget
-    (sparrow.rl.micro_batches), the longest row alone excepted. Never more than this rank's rows
-    of a step."""
-    actor = cfg.actor
-    if not actor.share_prompts:
-        return 0
-    prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
-    group = cfg.rl.group_size
-    step_rows = -(-cfg.rl.prompts_per_step // world) * group
-    if actor.max_tokens_per_micro_batch > 0:
-        return min(max(prompt, actor.max_tokens_per_micro_batch), step_rows * prompt)
-    return min(max(actor.micro_batch_size, group), step_rows) * prompt
+    """Decoder tokens of the actor's largest micro-batch and how they are set (the plan line)."""
+    mb = actor_micro_batch(cfg, longest_prompt, common_prefix)
+    return mb.decoder_tokens, mb.how
 
 
 def plan_memory(
@@ -194,10 +195,11 @@ def plan_memory(
     on_gpu: bool,
     longest_prompt: int | None = None,
     common_prefix: int = 0,
+    runtime: int = 0,
 ) -> MemoryPlan:
     """The plan of one rank of `world` (`on_gpu`: the engine runs its Triton/bf16 path and the
     actor's precision=auto means bf16). Without `longest_prompt`, prompts are taken at
-    data.max_prompt_tokens."""
+    data.max_prompt_tokens. `runtime`: on CPU, what this process holds already (its RSS)."""
     actor, eng = cfg.actor, cfg.rollout.engine
     params = parameter_count(shape)
     model_bytes = _DTYPE_BYTES[cfg.model.dtype]
@@ -217,8 +219,24 @@ def plan_memory(
     if eng.dense_kv_copy and not triton:
         dense_copies = len(eng.dense_layers) * 2 * pool_tokens * shape.kv_dim * engine_bytes
     prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
-    tokens, _ = actor_micro_batch_tokens(cfg, longest_prompt, common_prefix)
+    mb = actor_micro_batch(cfg, longest_prompt, common_prefix, world)
     value_bytes = 2 if bf16 else 4
+    host = not on_gpu  # the device is host RAM: the process and its host-side buffers count
+    vocab_row = shape.vocab_size * 4  # one fp32 logits row
+    exact_extra = kept_logits = 0
+    if cfg.monitor.exact:
+        exact = exact_micro_batch(cfg, longest_prompt, common_prefix, world)
+        new_tokens = cfg.rollout.max_new_tokens
+        # The pass, then per row its dense logits, log-softmax and the rollout's (C, V) each.
+        exact_extra = no_grad_pass_bytes(shape, exact, 0, value_bytes) + 8 * new_tokens * vocab_row
+        if host:  # the engine keeps them on the CPU whatever its device
+            kept_logits = exact.rows * new_tokens * vocab_row
+            exact_cache = row_expanded_cache_bytes(shape, exact.expanded_tokens, value_bytes)
+            exact_extra += HOST_CACHE_COPIES * exact_cache
+    packed = host and eng.linear_backend == "onednn" and not triton
+    row_cache = row_expanded_cache_bytes(shape, mb.expanded_tokens, value_bytes)
+    heap_copies = HOST_CACHE_COPIES if host else 0
+    logprob_extra = no_grad_pass_bytes(shape, mb, actor.logprob_chunk_tokens, value_bytes)
     return MemoryPlan(
         actor_weights=params * model_bytes // share(3),
         engine_weights=params * engine_bytes,
@@ -230,24 +248,26 @@ def plan_memory(
         prefill_extra=prefill_activation_bytes(
             shape, max(eng.max_prefill_tokens, prompt), engine_bytes
         ),
-        decode_extra=eng.max_batch_size * shape.vocab_size * 4,
-        logprob_extra=logprob_pass_bytes(
+        decode_extra=eng.max_batch_size * vocab_row,
+        logprob_extra=logprob_extra + heap_copies * row_cache,
+        step_activations=micro_batch_activation_bytes(
             shape,
-            tokens,
-            prompt + cfg.rollout.max_new_tokens,
-            prompt,
+            mb.decoder_tokens,
+            actor.activation_checkpointing,
             actor.logprob_chunk_tokens,
             value_bytes,
         ),  # fmt: skip
-        step_activations=micro_batch_activation_bytes(
-            shape, tokens, actor.activation_checkpointing, actor.logprob_chunk_tokens, value_bytes
-        ),
-        row_cache=row_expanded_cache_bytes(
-            shape, actor_expanded_prompt_tokens(cfg, world, longest_prompt), value_bytes
-        ),
-        actor_tokens=tokens,
+        row_cache=row_cache,
+        step_copies=step_cache_copies(shape, actor.activation_checkpointing) + heap_copies,
+        actor_tokens=mb.decoder_tokens,
+        actor_expanded=mb.expanded_tokens,
         checkpointing=actor.activation_checkpointing,
         reference_weights=params * model_bytes // share(3) if cfg.rl.loss.kl_coef else 0,
+        exact_extra=exact_extra,
+        runtime=runtime if host else 0,
+        packed_weights=matrix_count(shape) * engine_bytes if packed else 0,
+        kept_logits=kept_logits,
+        slack=ALLOCATOR_SLACK if host else 0.0,
     )
 
 

@@ -125,6 +125,29 @@ def test_device_memory_sources(monkeypatch):
     available = int(meminfo.split("MemAvailable:")[1].split()[0]) * 1024
     assert host.name == "host RAM" and host.bytes > available // 2
     assert host.usable == int(host.bytes * 0.75)
+    # On CPU the process's own RSS is in the device's bytes and counted by the plan.
+    assert host.runtime > 0 and gpu.runtime == 0
+
+
+def test_the_default_run_on_a_smaller_machine_says_what_it_sized_and_why():
+    """`sparrow-train dry_run=true memory.device_gib=8`: make train's config on an 8 GiB host
+    turns on checkpointing, then lowers the token budget, and the plan line says so, with the
+    phase and the bytes the configured plan needed."""
+    from sparrow.cli.config_loader import load_config
+
+    smollm2 = ModelShape(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True)
+    default = load_config([])
+    small = DeviceMemory(8 * GiB, "memory.device_gib", headroom=0.1, runtime=GiB)
+    fitted = fit_memory(default, smollm2, 1, False, small, frozenset(), 385, 366)
+    budget = fitted.cfg.actor.max_tokens_per_micro_batch
+    assert fitted.changes == (f"{CHECKPOINTING}=true", f"{TOKEN_BUDGET}={budget}")
+    configured = plan_memory(default, smollm2, 1, False, 385, 366, GiB).peak_phase()
+    assert fitted.configured == configured and configured[1] > small.usable
+    assert fitted.plan.peak_phase()[1] <= small.usable < configured[1]
+    line = fitted.line()
+    assert f"sized to fit: {CHECKPOINTING}=true, {TOKEN_BUDGET}={budget}" in line
+    assert f"(as configured, the actor step needs {configured[1] / GiB:.1f} GiB)" in line
+    assert "of 7.2 GiB usable (memory.device_gib 8.0 GiB, 10% kept free)" in line
 
 
 def test_ranks_on_one_cpu_host_plan_for_their_share_in_whole_gib(monkeypatch):

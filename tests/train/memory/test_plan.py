@@ -12,10 +12,16 @@ from sparrow.models.model_config import read_model_config
 from sparrow.models.random_init import QWEN3_SHAPES, random_model_config
 from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_config import ActorConfig
-from sparrow.rl.actor_memory import LOGPROB_COPIES, STEP_COPIES, micro_batch_activation_bytes
+from sparrow.rl.actor_memory import micro_batch_activation_bytes
 from sparrow.rollout.engine import EngineConfig
 from sparrow.train.config import RLConfig, RolloutConfig, SparrowConfig
-from sparrow.train.memory.plan import GiB, parameter_count, plan_memory
+from sparrow.train.memory.plan import (
+    ALLOCATOR_SLACK,
+    HOST_CACHE_COPIES,
+    GiB,
+    parameter_count,
+    plan_memory,
+)
 
 TINY = ModelShape.from_hf_config(tiny_model_config("qwen3"))  # 4 layers, H 64, I 128, KV 2 x 16
 
@@ -60,20 +66,25 @@ def test_tiny_plan_by_hand():
     # A prefill step: max_prefill_tokens (64), the longest prompt (40) being shorter.
     assert plan.prefill_extra == 64 * (6 * 64 + 2 * 32 + 4 * 128) * 4
     assert plan.decode_extra == 4 * 512 * 4  # max_batch_size x vocab fp32 logits
-    # 4 rows (micro_batch_size) of groups of 8 with shared prompts: the rows may straddle two
-    # groups, so two prompts of 40 and 4 completions of 32.
-    assert plan.actor_tokens == 2 * 40 + 4 * 32
-    assert plan.step_activations == micro_batch_activation_bytes(TINY, 208, False, 1024, 4)
+    # micro_batch_size 4 with groups of 8 and shared prompts: the actor keeps a group whole
+    # (sparrow.rl.micro_batches), so 8 rows, their prompt of 40 once and 8 completions of 32.
+    assert plan.actor_tokens == 40 + 8 * 32
+    assert plan.step_activations == micro_batch_activation_bytes(TINY, 296, False, 1024, 4)
+    # On CPU: the engine's packed matrices (onednn is not the EngineConfig default: none here).
+    assert plan.packed_weights == 0 and plan.runtime == 0 and plan.kept_logits == 0
     resident = 2 * 4 * params + plan.kv_pool + plan.page_summaries + plan.dense_copies
     assert plan.phases["resident"] == resident + 8 * params
-    # The group's prompt K/V indexed out to its rows: a group of 8 runs whole though
-    # micro_batch_size is 4, so 8 rows x 40 prompt tokens, 4 layers x K,V x kv_dim 32, fp32.
+    # The group's prompt K/V indexed out to its rows: 8 rows x 40 prompt tokens, 4 layers x K,V
+    # x kv_dim 32, fp32; a step holds it 1 + n_rep times without checkpointing (n_rep 2 here),
+    # and on the CPU's heap once more (the blocks its concatenation frees are not reused).
     assert plan.row_cache == 8 * 40 * 4 * 2 * 32 * 4
-    logprobs = resident + 8 * params + plan.logprob_extra + LOGPROB_COPIES * plan.row_cache
+    assert plan.step_copies == 1 + TINY.num_q_heads / TINY.num_kv_heads + HOST_CACHE_COPIES
+    slack = 1 + ALLOCATOR_SLACK
+    logprobs = resident + 8 * params + int(plan.logprob_extra * slack)
     assert plan.phases["actor log-probs"] == logprobs
-    assert plan.phases["actor step"] == (
-        resident + 8 * params + 4 * params + plan.step_activations + STEP_COPIES * plan.row_cache
-    )
+    step = 4 * params + plan.step_activations + int(plan.step_copies * plan.row_cache)
+    assert plan.phases["actor step"] == resident + 8 * params + int(step * slack)
+    assert "monitor exact" not in plan.phases  # monitor.exact is off by default
 
 
 def test_zero_stages_and_bf16_partition_what_they_shard():
