@@ -30,6 +30,7 @@ import statistics
 import time
 
 import torch
+from transformers import PreTrainedModel
 
 from sparrow.bench.device import bench_device
 from sparrow.cli.errors import ArgumentParser, at_least
@@ -102,7 +103,7 @@ def _prefix(args) -> dict:
     warmup = {k: v[:GROUP_SIZE] for k, v in batch.items()}  # first calls' one-off costs
     for actor in actors.values():
         _time_passes(actor, warmup)
-    times = {share: ([], []) for share in actors}
+    times: dict[bool, tuple[list[float], list[float]]] = {share: ([], []) for share in actors}
     for repeat in range(args.repeats):
         for share in (False, True) if repeat % 2 == 0 else (True, False):
             for i, seconds in enumerate(_time_passes(actors[share], batch)):
@@ -213,7 +214,7 @@ def _long_prompt(args) -> dict:
     }
 
 
-def memory_model(device) -> torch.nn.Module:
+def memory_model(device) -> PreTrainedModel:
     """The `memory` measurement's tiny Qwen3 (hidden 256, 4 layers), seeded, on `device`."""
     from transformers import AutoModelForCausalLM
 

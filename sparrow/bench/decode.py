@@ -25,6 +25,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -192,7 +193,7 @@ def run_config(args, dtype_name: str, backend: str) -> dict:
 
 
 # The headline shape of `sparrow-bench decode-step` (Qwen3-1.7B, 32K context, 2K-token budget).
-HEADLINE = {"context_pages": 32768 // 16, "budget_pages": 128, "batches": (16, 64)}
+HEADLINE: dict[str, Any] = {"context_pages": 32768 // 16, "budget_pages": 128, "batches": (16, 64)}
 
 
 def cuda_launches(args, report: dict) -> dict:
@@ -258,7 +259,9 @@ def _device_name(device: torch.device) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report = {"config": {k: str(v) if k == "device" else v for k, v in vars(args).items()}}
+    report: dict[str, Any] = {
+        "config": {k: str(v) if k == "device" else v for k, v in vars(args).items()}
+    }
     report["device"] = _device_name(args.device)
     report["runs"] = {}
     for backend in args.backends:

@@ -42,6 +42,7 @@ import traceback
 from dataclasses import dataclass, field
 
 import torch
+import transformers
 
 from sparrow.bench.decode_step_args import parse_args
 from sparrow.bench.decode_step_report import print_profile, print_row, problems, write_report
@@ -63,7 +64,7 @@ class Bench:
     """What every configuration shares: the engine (weights, KV pool, graphs) and its shapes."""
 
     engine: LLMEngine
-    config: object  # the HF config of the model shape
+    config: transformers.PretrainedConfig  # the HF config of the model shape
     device: torch.device
     dtype: torch.dtype
     page_size: int
@@ -273,7 +274,9 @@ def kv_bytes(bench: Bench, args, batch: int, held_pages: int = 0) -> dict:
     dense_layers = len(bench.engine.sparse_settings.dense_layers)
     pages = args.context // bench.page_size
     summary_tables = 1 if bench.engine.sparse_settings.score == "centroid" else 2
-    summary_elem = kv.summaries[-1].tables[0].element_size()
+    last = kv.summaries[-1]
+    assert last is not None, "a sparse layer keeps its page summary"
+    summary_elem = last.tables[0].element_size()
     summaries = pages * summary_tables * c.num_key_value_heads * c.head_dim * summary_elem
     sparse_tokens = dense_layers * args.context + (layers - dense_layers) * args.budget_tokens
     return {

@@ -91,13 +91,14 @@ class DispatchCounter(TorchDispatchMode):
     def __init__(self, strict: bool = False):
         super().__init__()
         self.strict = strict
-        self.launches = Counter()  # op name -> count, for ops that launch a kernel
-        self.syncs = Counter()  # op name -> count, for host syncs
+        self.launches: Counter[str] = Counter()  # op name -> count, for ops that launch a kernel
+        self.syncs: Counter[str] = Counter()  # op name -> count, for host syncs
         self.group: str | None = None  # label the next ops are counted under (e.g. a layer)
-        self.by_group = Counter()  # group -> launches
-        self.syncs_by_group = Counter()  # group -> host syncs
+        self.by_group: Counter[str | None] = Counter()  # group -> launches
+        self.syncs_by_group: Counter[str | None] = Counter()  # group -> host syncs
         self.ops_by_group: dict[str | None, Counter] = {}  # group -> op name -> launches
-        self.triton_launches = Counter()  # kernel name -> launches (count_triton_launches)
+        # kernel name -> launches (count_triton_launches)
+        self.triton_launches: Counter[str] = Counter()
         self.paused = False  # set during a Triton launch: what it does inside is not counted
         self._inside = 0
 

@@ -148,7 +148,7 @@ def _memory_in_subprocess(
 def measure_time(seq_len: int, budget_tokens: int, repeats: int, device: torch.device) -> dict:
     """Both paths on one model, alternating: median seconds of one update each."""
     distill, batch, dense, adv = _build(seq_len, budget_tokens, device)
-    seconds = {path: [] for path in PATHS}
+    seconds: dict[str, list[float]] = {path: [] for path in PATHS}
     for run in range(repeats + 1):  # run 0 warms up both
         for path in PATHS:
             _use(distill, path)

@@ -29,7 +29,7 @@ class CompileWatch:
         (a compiled JIT caches a variant for the whole process)."""
         self.modules = modules
         self.count = 0  # compiles (or new specialisation keys) since entry
-        self.by_kernel = Counter()  # kernel name -> compiles
+        self.by_kernel: Counter[str] = Counter()  # kernel name -> compiles
         self.counting = False  # whether compiles can be counted here (a Triton that says)
         self._keys: set[tuple] = set() if seen is None else seen
 

@@ -252,13 +252,14 @@ def sweep_configs(args, device: torch.device, peak_tbps: float | None) -> list[d
         layer["q"], layer["summary"], layer["page_table"], layer["seq_lens"], budgets,
         score=args.score, page_size=args.page_size,
     )  # fmt: skip
-    decode_args = [layer[k] for k in ("q", "k_cache", "v_cache", "page_table", "seq_lens")]
+    q, k_cache, v_cache = layer["q"], layer["k_cache"], layer["v_cache"]
     token_bytes = 2 * args.kv_heads * args.head_dim * layer["k_cache"].element_size()
     rows = []
     for mode, sel, tokens in (("dense", None, context), ("sparse", selected, budget_pages * 16)):
         for ppi, warps, stages in SWEEP:
             run = functools.partial(
-                paged_decode_triton, *decode_args, sel, args.head_dim**-0.5,
+                paged_decode_triton, q, k_cache, v_cache, layer["page_table"], layer["seq_lens"],
+                sel, args.head_dim**-0.5,
                 pages_per_iter=ppi, num_warps=warps, num_stages=stages,
             )  # fmt: skip
             ms = time_ms(run, device, args.iters)

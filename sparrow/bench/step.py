@@ -221,7 +221,10 @@ def speedups(sparse: dict, dense: dict) -> dict:
 
 def print_table(report: dict) -> None:
     sparse, dense = report["sparse"], report["dense"]
-    rows = [(f"{p} s", f"{p}_s", "time") for p in sparse["phases"]]
+    # (label, report key, kind: "time", "rate" or None for a plain value)
+    rows: list[tuple[str, str, str | None]] = [
+        (f"{p} s", f"{p}_s", "time") for p in sparse["phases"]
+    ]
     rows += [
         ("step w/o monitor s", "step_excl_monitor_s", "time"),
         ("  prefill s (engine)", "prefill_s", "time"),

@@ -99,7 +99,8 @@ class OnlineController:
         old += [old[-1]] * (n - len(old))  # observed bins past the list inherit, then own a slot
         self.over_safe += [0] * (n - len(self.over_safe))
 
-        new, actions = [], []
+        new: list[int] = []
+        actions: list[str] = []
         for i in range(n):
             s = by_bin.get(i)
             proposal, action = old[i], "hold"

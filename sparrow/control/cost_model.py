@@ -74,7 +74,7 @@ def decode_cost(
     summary_pages = 0  # per sequence, summed over steps and sparse layers
     for t in range(prompt_tokens, prompt_tokens + output_tokens):
         read_tokens += num_dense * t
-        if num_sparse:
+        if num_sparse and schedule is not None:  # a schedule whenever some layer is sparse
             pages = -(-t // cfg.page_size)
             read_tokens += num_sparse * min(schedule.budget_pages(t) * cfg.page_size, t)
             summary_pages += num_sparse * pages

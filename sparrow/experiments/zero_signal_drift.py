@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         model = copy.deepcopy(lm.model)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-        kls = []
+        kls: list[float] = []
         for step in range(1 + args.steps):
             signal = advantages if step == 0 else torch.zeros_like(advantages)
             if step > 0 and skip:

@@ -85,7 +85,9 @@ class AcceptanceMetrics:
         if sparse is not None:
             sparse.stats = stats
             sparse.histograms[f"{name}/histogram"] = values.tolist()
-        metrics = {f"{name}/mean": float(values.mean()) if len(values) else math.nan}
+        metrics: dict[str, float | list[float]] = {
+            f"{name}/mean": float(values.mean()) if len(values) else math.nan
+        }
         if sparse is not None:  # counts in 20 bins over [0, 1], for sparrow-report's histogram
             metrics[f"{name}/hist20"] = torch.histc(values.float(), 20, 0.0, 1.0).tolist()
         for s in stats:
