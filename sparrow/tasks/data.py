@@ -175,11 +175,12 @@ def load_prompts(
         )
     usable, num_empty, num_no_answer = [], 0, 0
     for i in row_ids:
+        cell = cells[i]
         answer = extract_answer(cfg.answer_extractor, rows[i][cfg.answer_column])
-        num_empty += cells[i] is None
-        num_no_answer += cells[i] is not None and answer is None
-        if cells[i] is not None and answer is not None:
-            text = render(cfg, tokenizer, chat_messages(cfg, cells[i], i, source))
+        num_empty += cell is None
+        num_no_answer += cell is not None and answer is None
+        if cell is not None and answer is not None:
+            text = render(cfg, tokenizer, chat_messages(cfg, cell, i, source))
             usable.append((i, text, answer))
     # Chat templates write their own special tokens (BOS included); plain text gets the
     # tokenizer's defaults.
@@ -322,6 +323,7 @@ class PromptIterator:
                     f"cannot resume the prompt iterator: checkpoint has {key}={state[key]}, "
                     f"this run has {value}"
                 )
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
+        epoch, position = state["epoch"], state["position"]
+        assert epoch is not None and position is not None, "state_dict writes both"
+        self.epoch, self.position = int(epoch), int(position)
         self._order = self._epoch_order(self.epoch)

@@ -47,9 +47,10 @@ def load_rows(cfg) -> tuple[list[dict], set[str], str]:
             # A data directory or a hub name (`subset` picks the hub configuration).
             table = datasets.load_dataset(cfg.source, cfg.subset, split=cfg.split)
     except Exception as e:
-        root = e  # datasets wraps parse errors: the innermost one says what is wrong, and where
-        while (root.__cause__ or root.__context__) is not None:
-            root = root.__cause__ or root.__context__
+        # datasets wraps parse errors: the innermost one says what is wrong, and where
+        root: BaseException = e
+        while (inner := root.__cause__ or root.__context__) is not None:
+            root = inner
         if isinstance(root, UnicodeDecodeError) or "invalid utf8" in str(root).lower():
             raise _not_utf8(cfg.source, root) from e
         detail = "" if root is e else f" ({type(root).__name__}: {root})"
@@ -64,7 +65,7 @@ def load_rows(cfg) -> tuple[list[dict], set[str], str]:
     return rows, set(table.column_names), cfg.source
 
 
-def _not_utf8(source: str, err: Exception) -> DataError:
+def _not_utf8(source: str, err: BaseException) -> DataError:
     """The error for a data file that is not UTF-8, naming the file, line and row."""
     where = ""
     if os.path.isfile(source):

@@ -23,6 +23,7 @@ held-out set does not change when `num_examples` does.
 import operator
 import random
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sparrow.tasks.chain import chain_example, chain_working
 
@@ -212,7 +213,7 @@ def _long_context_example(cfg: TaskConfig, rng: random.Random) -> dict:
         [(c, k) for c in _COLORS for k in _CONTAINERS], cfg.num_needles + cfg.num_distractors
     )
     values = rng.sample(range(10, 100), len(boxes))
-    facts = []
+    facts: list[dict[str, Any]] = []
     for (color, container), value in zip(boxes, values, strict=True):
         position = rng.randint(0, len(sentences))
         facts.append({"box": f"{color} {container}", "value": value, "position": position})
@@ -260,7 +261,7 @@ def _paragraphs(sentences: list[str], rng: random.Random) -> str:
 
 def _filler_sentence(rng: random.Random) -> str:
     template = rng.choice(_FILLER_TEMPLATES)
-    slots = {name: rng.choice(words) for name, words in _VOCAB.items()}
+    slots: dict[str, object] = {name: rng.choice(words) for name, words in _VOCAB.items()}
     slots["n"] = rng.randint(2, 60)
     sentence = template.format(**slots)
     return sentence[0].upper() + sentence[1:]

@@ -14,7 +14,7 @@ sparrow.
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sparrow.tasks.chain import chain_reward
 from sparrow.tasks.reward_guard import BatchScores, GuardedReward, RewardStats, score_batch
@@ -81,9 +81,10 @@ def _normalise(text: str) -> str:
 
 def _math_reward(cfg: RewardConfig) -> RewardFn:
     # Deferred so that importing the registry does not import SymPy.
-    from sparrow.tasks.math_verifier import MathVerifier
+    from sparrow.tasks.math_verifier import AnswerFallback, MathVerifier
 
-    return MathVerifier(timeout_s=cfg.timeout_s, fallback=cfg.answer_fallback)
+    fallback = cast(AnswerFallback, cfg.answer_fallback)  # MathVerifier checks the value
+    return MathVerifier(timeout_s=cfg.timeout_s, fallback=fallback)
 
 
 REWARDS: dict[str, Callable[[RewardConfig], RewardFn]] = {

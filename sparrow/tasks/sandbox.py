@@ -70,7 +70,7 @@ def worker_main(read_fd: int, write_fd: int, die_with_parent: bool) -> None:
 class _Worker:
     """One started worker process and its two pipe ends."""
 
-    def __init__(self, init: Callable[[], None] | None):
+    def __init__(self, init: Callable[[], object] | None):
         child_read, parent_write = os.pipe()
         parent_read, child_write = os.pipe()
         die_with_parent = threading.current_thread() is threading.main_thread()
@@ -102,7 +102,7 @@ class _Worker:
 class Sandbox:
     """One worker process; `call` is thread-safe (calls are serialised)."""
 
-    def __init__(self, init: Callable[[], None] | None = None, start_timeout_s: float = 120.0):
+    def __init__(self, init: Callable[[], object] | None = None, start_timeout_s: float = 120.0):
         self.init = init  # picklable, run once in each fresh worker (imports, warm-up)
         self.start_timeout_s = start_timeout_s  # deadline for a fresh worker to become ready
         self.num_restarts = 0  # workers replaced after a timeout or a death
@@ -136,8 +136,9 @@ class Sandbox:
             raise SandboxError("worker died while starting (did its init raise? see stderr)")
         self._worker.ready = True
 
-    def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-        """fn(*args) in the worker; raises SandboxTimeout after `timeout_s` seconds."""
+    def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None) -> Any:
+        """fn(*args) in the worker; raises SandboxTimeout after `timeout_s` seconds (None: no
+        deadline)."""
         name = getattr(fn, "__name__", repr(fn))
         with self._lock:
             self._wait_ready()

@@ -109,6 +109,8 @@ def _file_module(path: Path) -> Any:
     if key not in _FILE_MODULES:
         module_name = f"sparrow_user_reward_{path.stem}_{abs(hash(key)):x}"
         module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:  # a path Python cannot import
+            raise ImportError(f"{path} is not a Python source file")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_name] = module  # dataclasses and pickle look the module up by name
         try:
