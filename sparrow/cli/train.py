@@ -102,6 +102,30 @@ def _pinned(argv: list[str]) -> frozenset[str]:
     return frozenset(a.lstrip("+~").split("=", 1)[0] for a in argv if "=" in a)
 
 
+def _check_family_and_context(cfg, config) -> str:
+    """The config's family (model_type), or UserError in one line: a family sparrow does not run,
+    or a prompt of data.max_prompt_tokens whose completion the model's positions cannot hold
+    (the dry run plans for that sequence; a run would skip every such prompt)."""
+    from sparrow.models.families import check_family
+    from sparrow.train.memory.context_budget import context_room
+
+    room = context_room(cfg, config)
+    window = room.num_pages * room.page_size
+    try:
+        check_family(config, min(window, room.positions or window), "rollout.engine.num_pages")
+    except ValueError as err:
+        raise UserError(one_line(err)) from err
+    sequence = cfg.data.max_prompt_tokens + room.completion_tokens
+    if room.positions is not None and sequence > room.positions:
+        raise UserError(
+            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens} + a {room.completion_tokens}-"
+            f"token completion (rollout.max_new_tokens, rl.eval.max_new_tokens) = {sequence} "
+            f"tokens, over {cfg.model.name}'s {room.positions} positions: lower them to a sum "
+            f"of at most {room.positions}"
+        )
+    return config.model_type
+
+
 def _dry_run_from_config(cfg, pinned: frozenset[str]) -> int | None:
     """A dry run of a model that is not on disk: the memory plan from its config alone (the HF
     cache's or a shipped one), per phase against the device; None when the model is on disk
@@ -117,13 +141,16 @@ def _dry_run_from_config(cfg, pinned: frozenset[str]) -> int | None:
         raise UserError(one_line(err)) from err
     if not source.startswith("shipped"):
         return None
+    family = _check_family_and_context(cfg, config)
     on_gpu = targets_gpu(cfg)
     device = rank_device_memory(cfg.memory, on_gpu)
     shape = ModelShape.from_hf_config(config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    print(f"sparrow-train: dry run of {cfg.model.name} from its config ({source}; no weights or "
-          f"data loaded: prompts taken at data.max_prompt_tokens={cfg.data.max_prompt_tokens}), "
-          f"{world} rank(s), ZeRO-{cfg.actor.zero_stage}")  # fmt: skip
+    print(
+        f"sparrow-train: dry run of {cfg.model.name} ({family}) from its config ({source}; no "
+        f"weights or data loaded: prompts taken at data.max_prompt_tokens="
+        f"{cfg.data.max_prompt_tokens}), {world} rank(s), ZeRO-{cfg.actor.zero_stage}"
+    )
     try:
         fitted = fit_memory(cfg, shape, world, on_gpu, device, pinned)
     except MemoryRefused as err:

@@ -3,8 +3,10 @@
     config, source = read_model_config(cfg.model)
 
 In order: the tiny debug models' configs; a local directory's or the HF cache's config.json
-(never the network); the configs shipped in hf_configs/ for the Qwen3 sizes the presets and the
-README name (the public configs' architecture fields), matched by hub id or its last part.
+(never the network); the configs shipped in hf_configs/ for the models the GPU presets and the
+README name (Qwen3 1.7B/4B/8B, Qwen2.5-Math-1.5B-Instruct, DeepSeek-R1-Distill-Qwen-1.5B: the
+hub's config.json, values checked against published copies of it), matched by hub id or its
+last part.
 """
 
 import json
