@@ -169,7 +169,7 @@ def sparse_decode(
             score=score, num_sink=num_sink, num_recent=num_recent, scale=scale,
         )  # fmt: skip
     selected = None
-    if budgets is not None:
+    if budgets is not None and summary is not None:  # checked above: budgets need it
         selected = select_pages(
             q, summary, page_table, seq_lens, budgets, score=score, page_size=page_size,
             num_sink=num_sink, num_recent=num_recent, backend=backend, validate=False,

@@ -81,7 +81,10 @@ def _fake(name: str):
 def _selection(
     logical: Tensor | None, physical: Tensor | None, num_selected: Tensor | None
 ) -> SelectedPages | None:
-    return None if logical is None else SelectedPages(logical, num_selected, physical)
+    if logical is None:
+        return None
+    assert num_selected is not None, "a selection comes with its counts"
+    return SelectedPages(logical, num_selected, physical)
 
 
 @_register("paged_decode")

@@ -20,6 +20,8 @@ they are compared (the last prompt position and the completion positions, never 
 prompts), one row at a time, so at most one row's dense logits exist beside the engine's.
 """
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -96,9 +98,10 @@ def rollout_logits(
         for b, x in zip(missing, replayed, strict=True):
             logits[b] = x
     for b, x in enumerate(logits):
+        assert x is not None, "the missing rows were replayed"
         if x.shape[0] != len(completions[b]):
             raise ValueError(f"row {b}: {x.shape[0]} logits for {len(completions[b])} tokens")
-    return logits
+    return cast(list[Tensor], logits)  # every row: checked above
 
 
 def prompt_runs(prompts: list[list[int]]) -> Tensor:

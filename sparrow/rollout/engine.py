@@ -133,7 +133,7 @@ class LLMEngine:
         self.schedule = schedule
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.num_generate_calls = 0
-        self.last_stats: GenerateStats | None = None  # of the latest generate call
+        self.last_stats = GenerateStats()  # of the latest generate call (zeros before one)
 
     @property
     def sparse_settings(self):
@@ -295,7 +295,7 @@ class LLMEngine:
             bm.allocate_prefill(group)
         tracked = any(s is not None for s in schedules)
         first = self.runner.prefill(list(groups.values()), tracked)  # (G, V)
-        logits = [[] for _ in seqs]
+        logits: list[list[Tensor]] = [[] for _ in seqs]
         for row, group in zip(first, groups.values(), strict=True):
             for seq in group:
                 logits[seq.seq_id].append(row)

@@ -19,6 +19,7 @@ schedule does not change during one.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -127,7 +128,9 @@ class PagedKVCache:
         # as device tensors made once: no host-to-device copy per step.
         self._layer_chunks: dict[int, list[Tensor]] = {}
         # The selection rule's sizes, as both the step's plan and each layer's choice take them.
-        self._rule = dict(page_size=cfg.page_size, num_sink=cfg.num_sink, num_recent=cfg.num_recent)
+        self._rule: dict[str, Any] = dict(
+            page_size=cfg.page_size, num_sink=cfg.num_sink, num_recent=cfg.num_recent
+        )
         # Decode's gathered K and V (torch backend), reused by every layer and step.
         self._workspace = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]
         # Sparse layers: selection and attention fused in C++ (CPU fp32, when it builds).
@@ -248,13 +251,14 @@ class PagedKVCache:
                 score=self.cfg.score, num_sink=self.cfg.num_sink, num_recent=self.cfg.num_recent,
                 scale=q.shape[-1] ** -0.5,
             )  # fmt: skip
-        selected = self._select(q, summary, meta) if sparse else None
+        selected = self._select(q, summary, meta) if sparse and summary is not None else None
         if selected is None and not self._triton:
             return self._dense_gathered(layer, q, k, v, meta)
         return self._paged_decode(layer, q, meta, selected, plan=None)
 
     def _select(self, q: Tensor, summary: PageSummary, meta: DecodeMetadata) -> SelectedPages:
         """A sparse layer's pages for this step, on the step's selection plan."""
+        assert meta.budgets is not None, "a sparse layer's step has budgets"
         return select_pages(
             q,
             summary,
@@ -292,6 +296,7 @@ class PagedKVCache:
             keys, values = copy.keys_values(
                 layer, k, v, k_cache, v_cache, dense_plan, self._workspace
             )
+            assert copy.bias is not None, "an active copy has this step's bias"
             return attend_gathered(q, keys, values, copy.bias, q.shape[-1] ** -0.5)
         return self._paged_decode(layer, q, meta, None, plan=dense_plan())
 

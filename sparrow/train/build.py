@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, replace
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.distributed import Ranks
@@ -27,8 +28,8 @@ class PreparedRun:
     """What a run is sized from, ready before any large allocation."""
 
     cfg: SparrowConfig  # as the memory fit sized it: the config the whole run uses
-    model: torch.nn.Module  # the loaded policy, on this rank's device
-    tokenizer: object
+    model: PreTrainedModel  # the loaded policy, on this rank's device
+    tokenizer: PreTrainedTokenizerBase
     shape: ModelShape
     seeds: RunSeeds
     train_data: PromptDataset
@@ -54,7 +55,8 @@ def prepare_run(cfg: SparrowConfig, pinned: frozenset[str] = frozenset()) -> Pre
     if on_gpu:  # engine, DistillSparse and actor all live on this rank's GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-        loaded.model.to(device)
+        # transformers wraps PreTrainedModel.to with functools.wraps, whose stub binds no self.
+        loaded.model.to(device)  # type: ignore[arg-type]
     return PreparedRun(
         memory.cfg, loaded.model, loaded.tokenizer, shape, seeds, train, held_out, memory
     )

@@ -25,12 +25,14 @@ at step boundaries, so the resumed step draws the same rounds again.
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from typing import cast
 
 import torch
 
 from sparrow.distributed import Ranks
 from sparrow.monitor.rollout_plan import RolloutPlan
 from sparrow.rl.batch import RolloutBatch
+from sparrow.rollout.outputs import GenerateStats
 from sparrow.tasks.rewards import BatchScores, RewardStats
 from sparrow.train.config import DynamicSamplingConfig
 
@@ -51,7 +53,7 @@ class Rollout:
     outputs: list  # the engine's GenerationOutputs, prompt-major, rl.group_size per prompt
     batch: RolloutBatch
     plan: RolloutPlan  # which rows were dense (noise floor) and kept their logits
-    stats: object  # the engine's GenerateStats of the generate call(s) (decode tok/s)
+    stats: GenerateStats  # of the engine's generate call(s) (decode tok/s)
 
     def free_logits(self) -> None:
         """Drop the (C_b, V) rollout logits the batch and its outputs hold (read by the
@@ -233,10 +235,10 @@ def assemble(groups: list[Group], rounds: list[Round], collate: Collate) -> Roun
     floor = torch.cat([g.floor for g in groups])  # (B,)
     schedules = None
     if any(g.schedules is not None for g in groups):
-        schedules = [s for g in groups for s in g.schedules]
+        schedules = [s for g in groups for s in cast(list, g.schedules)]  # all or none
     logit_rows = None
     if any(g.logit_rows is not None for g in groups):
-        logit_rows = [x for g in groups for x in g.logit_rows]
+        logit_rows = [x for g in groups for x in cast(list, g.logit_rows)]  # all or none
     group_size = len(groups[0].outputs)
     plan = RolloutPlan(int(floor.sum()) // group_size, floor, schedules, logit_rows)
     stats = _sum_dataclass([r.rollout.stats for r in rounds])

@@ -90,7 +90,7 @@ def sampled_metrics(
     for j in pass_ks(samples):
         values[f"pass@{j}"] = [pass_at_k(samples, sum(x >= 1.0 for x in s), j) for s in per_prompt]
     n = sum_over_ranks(len(prompts))
-    metrics = {}
+    metrics: dict[str, float] = {}
     for name, vals in values.items():
         total = sum_over_ranks(sum(vals))
         lo, hi = mean_interval(total, sum_over_ranks(sum(v * v for v in vals)), n)
@@ -145,6 +145,7 @@ def evaluate(
     accuracy = correct / max(n, 1.0)
     sampled = {}
     if samples > 1:
+        assert sample_params is not None, "samples > 1 come with their sampling params"
         sampled = sampled_metrics(
             engine, reward, prompts, sample_params, samples, sum_over_ranks, seed
         )
