@@ -202,73 +202,113 @@ def plan_memory(
     data.max_prompt_tokens. `runtime`: on CPU, what this process holds already (its RSS)."""
     actor, eng = cfg.actor, cfg.rollout.engine
     params = parameter_count(shape)
-    model_bytes = _DTYPE_BYTES[cfg.model.dtype]
     engine_bytes = _DTYPE_BYTES[eng.dtype]
     bf16 = actor.precision == "bf16" or (actor.precision == "auto" and on_gpu)
-    stage = actor.zero_stage
-
-    def share(stage_from: int) -> int:  # ZeRO partitions this state from stage `stage_from` on
-        return world if stage >= stage_from else 1
-
-    optimizer = params * (8 + (4 if bf16 else 0)) // share(1)
+    actor_weights, optimizer, gradients = _actor_state_bytes(cfg, params, world, bf16)
     triton = on_gpu and eng.backend in ("auto", "triton")
-    summary_bytes = engine_bytes if triton else 4
-    tables = 2 if eng.score == "quest" else 1
-    pool_tokens = eng.num_pages * eng.page_size
-    dense_copies = 0
-    if eng.dense_kv_copy and not triton:
-        dense_copies = len(eng.dense_layers) * 2 * pool_tokens * shape.kv_dim * engine_bytes
+    kv_pool, page_summaries, dense_copies = _engine_cache_bytes(cfg, shape, engine_bytes, triton)
     prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
+    prefill_tokens = max(eng.max_prefill_tokens, prompt)
     mb = actor_micro_batch(cfg, longest_prompt, common_prefix, world)
     value_bytes = 2 if bf16 else 4
     host = not on_gpu  # the device is host RAM: the process and its host-side buffers count
     vocab_row = shape.vocab_size * 4  # one fp32 logits row
-    exact_extra = kept_logits = 0
-    if cfg.monitor.exact:
-        exact = exact_micro_batch(cfg, longest_prompt, common_prefix, world)
-        new_tokens = cfg.rollout.max_new_tokens
-        # The pass, then per row its dense logits, log-softmax and the rollout's (C, V) each.
-        exact_extra = no_grad_pass_bytes(shape, exact, 0, value_bytes) + 8 * new_tokens * vocab_row
-        if host:  # the engine keeps them on the CPU whatever its device
-            kept_logits = exact.rows * new_tokens * vocab_row
-            exact_cache = row_expanded_cache_bytes(shape, exact.expanded_tokens, value_bytes)
-            exact_extra += HOST_CACHE_COPIES * exact_cache
+    exact_extra, kept_logits = _exact_monitor_bytes(
+        cfg, shape, longest_prompt, common_prefix, world, value_bytes, host
+    )
     packed = host and eng.linear_backend == "onednn" and not triton
     row_cache = row_expanded_cache_bytes(shape, mb.expanded_tokens, value_bytes)
     heap_copies = HOST_CACHE_COPIES if host else 0
     logprob_extra = no_grad_pass_bytes(shape, mb, actor.logprob_chunk_tokens, value_bytes)
+    checkpointing, chunk = actor.activation_checkpointing, actor.logprob_chunk_tokens
     return MemoryPlan(
-        actor_weights=params * model_bytes // share(3),
+        actor_weights=actor_weights,
         engine_weights=params * engine_bytes,
         optimizer=optimizer,
-        gradients=params * model_bytes // share(2),
-        kv_pool=shape.num_layers * 2 * pool_tokens * shape.kv_dim * engine_bytes,
-        page_summaries=shape.num_layers * eng.num_pages * tables * shape.kv_dim * summary_bytes,
+        gradients=gradients,
+        kv_pool=kv_pool,
+        page_summaries=page_summaries,
         dense_copies=dense_copies,
-        prefill_extra=prefill_activation_bytes(
-            shape, max(eng.max_prefill_tokens, prompt), engine_bytes
-        ),
+        prefill_extra=prefill_activation_bytes(shape, prefill_tokens, engine_bytes),
         decode_extra=eng.max_batch_size * vocab_row,
         logprob_extra=logprob_extra + heap_copies * row_cache,
         step_activations=micro_batch_activation_bytes(
-            shape,
-            mb.decoder_tokens,
-            actor.activation_checkpointing,
-            actor.logprob_chunk_tokens,
-            value_bytes,
-        ),  # fmt: skip
+            shape, mb.decoder_tokens, checkpointing, chunk, value_bytes
+        ),
         row_cache=row_cache,
         step_copies=step_cache_copies(shape, actor.activation_checkpointing) + heap_copies,
         actor_tokens=mb.decoder_tokens,
         actor_expanded=mb.expanded_tokens,
         checkpointing=actor.activation_checkpointing,
-        reference_weights=params * model_bytes // share(3) if cfg.rl.loss.kl_coef else 0,
+        reference_weights=actor_weights if cfg.rl.loss.kl_coef else 0,
         exact_extra=exact_extra,
         runtime=runtime if host else 0,
         packed_weights=matrix_count(shape) * engine_bytes if packed else 0,
         kept_logits=kept_logits,
         slack=ALLOCATOR_SLACK if host else 0.0,
     )
+
+
+def _actor_state_bytes(
+    cfg: SparrowConfig, params: int, world: int, bf16: bool
+) -> tuple[int, int, int]:
+    """(weights, optimizer, gradients) bytes of the actor on one rank: ZeRO partitions the
+    optimizer state from stage 1, the gradients from 2 and the weights from 3 (the reference
+    model's weights are held as the actor's). The optimizer keeps fp32 Adam moments, plus an
+    fp32 master copy of bf16 weights."""
+    model_bytes = _DTYPE_BYTES[cfg.model.dtype]
+    stage = cfg.actor.zero_stage
+
+    def share(stage_from: int) -> int:  # ZeRO partitions this state from stage `stage_from` on
+        return world if stage >= stage_from else 1
+
+    weights = params * model_bytes // share(3)
+    optimizer = params * (8 + (4 if bf16 else 0)) // share(1)
+    return weights, optimizer, params * model_bytes // share(2)
+
+
+def _engine_cache_bytes(
+    cfg: SparrowConfig, shape: ModelShape, engine_bytes: int, triton: bool
+) -> tuple[int, int, int]:
+    """(kv_pool, page_summaries, dense_copies) bytes of the engine's caches: the paged K/V of
+    every layer, the score mode's page summaries (in the cache dtype where Triton scores, fp32
+    elsewhere) and, on the torch path, the dense layers' contiguous K/V copies."""
+    eng = cfg.rollout.engine
+    summary_bytes = engine_bytes if triton else 4
+    tables = 2 if eng.score == "quest" else 1
+    pool_tokens = eng.num_pages * eng.page_size
+    dense_copies = 0
+    if eng.dense_kv_copy and not triton:
+        dense_copies = len(eng.dense_layers) * 2 * pool_tokens * shape.kv_dim * engine_bytes
+    kv_pool = shape.num_layers * 2 * pool_tokens * shape.kv_dim * engine_bytes
+    page_summaries = shape.num_layers * eng.num_pages * tables * shape.kv_dim * summary_bytes
+    return kv_pool, page_summaries, dense_copies
+
+
+def _exact_monitor_bytes(
+    cfg: SparrowConfig,
+    shape: ModelShape,
+    longest_prompt: int | None,
+    common_prefix: int,
+    world: int,
+    value_bytes: int,
+    host: bool,
+) -> tuple[int, int]:
+    """(exact_extra, kept_logits) of monitor.exact, (0, 0) without it: its own no-grad pass and
+    per row the dense logits, log-softmax and the rollout's (C, V) each; on CPU also the rollout
+    logits the engine keeps and the row-expanded prompt K/V copied once more on the heap."""
+    if not cfg.monitor.exact:
+        return 0, 0
+    exact = exact_micro_batch(cfg, longest_prompt, common_prefix, world)
+    new_tokens = cfg.rollout.max_new_tokens
+    vocab_row = shape.vocab_size * 4  # one fp32 logits row
+    exact_extra = no_grad_pass_bytes(shape, exact, 0, value_bytes) + 8 * new_tokens * vocab_row
+    kept_logits = 0
+    if host:  # the engine keeps them on the CPU whatever its device
+        kept_logits = exact.rows * new_tokens * vocab_row
+        exact_cache = row_expanded_cache_bytes(shape, exact.expanded_tokens, value_bytes)
+        exact_extra += HOST_CACHE_COPIES * exact_cache
+    return exact_extra, kept_logits
 
 
 def targets_gpu(cfg: SparrowConfig) -> bool:
