@@ -53,31 +53,11 @@ def _main(argv: list[str] | None) -> int:
     except OSError as err:
         model_not_found(err, "--model", args.model)
         raise
-    data = DataConfig(
-        source=args.prompts,
-        split=args.split,
-        prompt_column=args.column,
-        answer_column=args.answer_column,
-        chat_template=not args.no_chat_template,
-        max_prompt_tokens=args.max_prompt_tokens,
-        shuffle_seed=None,
-        tasks=TaskConfig(kind=args.task, num_examples=args.limit or 2000, seed=args.seed),
-    )
-    try:
-        dataset = _load(data, lm.tokenizer)
-    except DataError as e:
-        raise UserError(one_line(e)) from e  # it names the file, row or column
+    dataset = _load_dataset(args, lm.tokenizer)
     prompts = dataset.prompts[: args.limit] if args.limit else dataset.prompts
     longest = max(len(p.token_ids) for p in prompts)
     _check_positions(longest, args.max_tokens, lm.model.config)
-    # What the scheduler requires of one request (its last sampled token is never cached).
-    need = -(-(longest + args.max_tokens - 1) // args.page_size)
-    if need > args.num_pages:
-        raise UserError(
-            f"--num-pages {args.num_pages} cannot hold the longest prompt ({longest} tokens) "
-            f"with --max-tokens {args.max_tokens}: it needs {need} pages of {args.page_size}; "
-            "raise --num-pages or lower --max-tokens / --max-prompt-tokens"
-        )
+    _check_pool(longest, args)
     print(f"sparrow-generate: {dataset.summary()}; generating for {len(prompts)}", file=sys.stderr)
 
     engine_cfg = EngineConfig(
@@ -103,7 +83,42 @@ def _main(argv: list[str] | None) -> int:
     except ValueError as e:  # a prompt the KV pool cannot hold with its completion
         raise UserError(f"{one_line(e)} (--num-pages {args.num_pages}, --max-tokens)") from e
     elapsed = time.perf_counter() - start
+    _write_outputs(outputs, prompts, args, elapsed, engine.last_stats.num_preemptions)
+    return 0
 
+
+def _load_dataset(args: argparse.Namespace, tokenizer):
+    """The prompts the options name (a file's column or the embedded task generator)."""
+    data = DataConfig(
+        source=args.prompts,
+        split=args.split,
+        prompt_column=args.column,
+        answer_column=args.answer_column,
+        chat_template=not args.no_chat_template,
+        max_prompt_tokens=args.max_prompt_tokens,
+        shuffle_seed=None,
+        tasks=TaskConfig(kind=args.task, num_examples=args.limit or 2000, seed=args.seed),
+    )
+    try:
+        return _load(data, tokenizer)
+    except DataError as e:
+        raise UserError(one_line(e)) from e  # it names the file, row or column
+
+
+def _check_pool(longest: int, args: argparse.Namespace) -> None:
+    """Refuse a KV pool that cannot hold the longest prompt with its completion: what the
+    scheduler requires of one request (its last sampled token is never cached)."""
+    need = -(-(longest + args.max_tokens - 1) // args.page_size)
+    if need > args.num_pages:
+        raise UserError(
+            f"--num-pages {args.num_pages} cannot hold the longest prompt ({longest} tokens) "
+            f"with --max-tokens {args.max_tokens}: it needs {need} pages of {args.page_size}; "
+            "raise --num-pages or lower --max-tokens / --max-prompt-tokens"
+        )
+
+
+def _write_outputs(outputs, prompts, args, elapsed: float, num_preemptions: int) -> None:
+    """One JSON line per sample to --out, then a one-line summary on stderr."""
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("w") as f:
@@ -114,10 +129,9 @@ def _main(argv: list[str] | None) -> int:
     print(
         f"sparrow-generate: {len(outputs)} completions, {num_tokens} tokens in {elapsed:.1f} s "
         f"({num_tokens / elapsed:.1f} tok/s), finish {reasons}, "
-        f"{engine.last_stats.num_preemptions} preemptions -> {out_path}",
+        f"{num_preemptions} preemptions -> {out_path}",
         file=sys.stderr,
     )
-    return 0
 
 
 def _check_bounds(args: argparse.Namespace) -> None:
