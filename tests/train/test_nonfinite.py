@@ -102,8 +102,9 @@ def test_a_streak_stops_the_run_with_a_clear_message(tmp_path):
 
 def test_cli_reports_the_streak_in_one_line(monkeypatch, capsys):
     class StreakingTrainer:
-        def __init__(self, cfg, pinned=None):
-            pass
+        @classmethod
+        def from_config(cls, cfg, pinned=None):
+            return cls()
 
         def fit(self):
             raise NonFiniteStreak("3 consecutive updates had a non-finite loss\nor gradient")
