@@ -141,9 +141,12 @@ def format_arms(runs: list[CorrectionRun]) -> str:
 
     for arm, done in by_arm.items():
         kv = [r.kv_read for r in done if r.kv_read is not None]
+        # every run here has both (filtered above); the checks say so to the type checker
+        after = [r.after[0] for r in done if r.after is not None]
+        gains = [r.after[0] - r.before[0] for r in done if r.after and r.before]
         lines.append(
-            f"| {arm} | {len(done)} | {spread([r.after[0] for r in done], '{:.3f}')} | "
-            f"{spread([r.after[0] - r.before[0] for r in done], '{:+.3f}')} | "
+            f"| {arm} | {len(done)} | {spread(after, '{:.3f}')} | "
+            f"{spread(gains, '{:+.3f}')} | "
             f"{spread([float(r.updates) for r in done], '{:.1f}')} | "
             f"{spread([r.groups_drawn for r in done], '{:.1f}')} | "
             f"{spread(kv, '{:.2f}') if kv else '-'} | "
@@ -162,10 +165,9 @@ def plot_accuracy(runs: list[CorrectionRun], out: Path) -> None:
     arms = list(dict.fromkeys(r.arm for r in runs))
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for i, arm in enumerate(arms):
-        done = [r for r in runs if r.arm == arm and r.after is not None]
-        for j, r in enumerate(done):
+        done = [r.after for r in runs if r.arm == arm and r.after is not None]
+        for j, (value, lo, hi) in enumerate(done):
             x = i + (j - (len(done) - 1) / 2) * 0.12
-            value, lo, hi = r.after
             ax.errorbar(x, value, yerr=[[value - lo], [hi - value]], fmt="o", color=f"C{i}")
     before = [r.before[0] for r in runs if r.before is not None]
     if before:

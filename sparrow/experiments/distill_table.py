@@ -124,8 +124,8 @@ def format_arms(runs: list[DistillRun], steps: int) -> str:
         kv = [statistics.fmean(r.kv_read) for r in done]
         kl = [r for r in done if r.kl_first is not None and r.kl_last is not None]
         trend = "-" if not kl else (
-            f"{statistics.fmean(r.kl_first for r in kl):.4f} -> "
-            f"{statistics.fmean(r.kl_last for r in kl):.4f}"
+            f"{statistics.fmean(r.kl_first for r in kl if r.kl_first is not None):.4f} -> "
+            f"{statistics.fmean(r.kl_last for r in kl if r.kl_last is not None):.4f}"
         )  # fmt: skip
         lines.append(
             f"| {arm} | {len(done)} | {statistics.fmean(kv):.3f} ({min(kv):.3f}-{max(kv):.3f}) | "

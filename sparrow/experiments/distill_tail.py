@@ -25,7 +25,7 @@ from sparrow.control.kv_read import dense_pages
 from sparrow.control.schedule import BudgetSchedule
 from sparrow.distill.distill_sparse import DistillSparse
 from sparrow.models.loading import load_model
-from sparrow.rollout.engine import LLMEngine, SamplingParams
+from sparrow.rollout.engine import LLMEngine, SamplingParams, Schedule
 from sparrow.tasks.data import load_eval_prompts
 from sparrow.train.config import SparrowConfig
 from sparrow.train.run.checkpoint import verify
@@ -91,7 +91,7 @@ def offline_tail(
         "samples": samples,
     }
     for sampled_by in ("base", "adapter"):
-        values = {"base": [], "adapter": []}
+        values: dict[str, list[torch.Tensor]] = {"base": [], "adapter": []}
         positions, sparse_tokens = [], 0
         for start in range(0, len(prompts), PROMPTS_PER_CALL):
             chunk = prompts[start : start + PROMPTS_PER_CALL]
@@ -102,11 +102,13 @@ def offline_tail(
             rows_p, rows_c = [o.prompt_ids for o in outs], [o.token_ids for o in outs]
             # One replay: the dense rows (dense decode: theta, the adapter shut) and the other
             # sparse policy's rows, on the same tokens.
+            dense_rows: list[Schedule | None] = [None] * len(outs)
             replay = engine.score(
-                rows_p + rows_p, rows_c + rows_c, [None] * len(outs) + [engine.schedule] * len(outs)
+                rows_p + rows_p, rows_c + rows_c, dense_rows + [engine.schedule] * len(outs)
             )
             for i, out in enumerate(outs):
                 dense = F.log_softmax(replay[i].float() / temperature, -1)  # (C, V)
+                assert out.logits is not None, "generate keeps the logits the score reads"
                 own = F.log_softmax(out.logits.float() / temperature, -1)
                 theirs = F.log_softmax(replay[len(outs) + i].float() / temperature, -1)
                 values[sampled_by].append(exact_acceptance(dense, own))

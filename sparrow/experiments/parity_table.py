@@ -9,6 +9,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from sparrow.experiments.study_files import (
     TABLE_BEGIN,
@@ -72,7 +73,7 @@ def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> Parit
         kv_read=_mean([r["kv_read_ratio"] for r in settled if _finite(r.get("kv_read_ratio"))]),
         p5_by_bin={b: statistics.median(v) for b, v in sorted(p5.items())},
         p5_held=_mean([float(h) for h in held]),
-        tis_truncated=_mean([v for r in train if _finite(v := truncated_frac(r))]),
+        tis_truncated=_mean([t for r in train if _finite(t := truncated_frac(r))]),
         updates=sum(1 for r in train if not r.get("update/no_signal")),
         wall_h=run_wall_s(root, name) / 3600,
     )
@@ -88,7 +89,7 @@ def _get(key: str):
     return lambda row: row.get(key)
 
 
-def _finite(value) -> bool:
+def _finite(value) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
@@ -139,8 +140,9 @@ def format_arms(runs: list[ParityRun]) -> str:
         if r.after is not None and r.steps_logged == r.steps_total:
             by_arm[r.arm].append(r)
     for arm, done in by_arm.items():
-        after = [r.after for r in done]
-        gains = [r.after - r.before for r in done]
+        # every run here has both (an after needs a second evaluation, so a first one)
+        after = [r.after for r in done if r.after is not None]
+        gains = [r.after - r.before for r in done if r.after is not None and r.before is not None]
         kv = _mean([r.kv_read for r in done if r.kv_read is not None])
         tis = _mean([r.tis_truncated for r in done if r.tis_truncated is not None])
         lines.append(
