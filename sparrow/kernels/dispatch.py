@@ -77,16 +77,8 @@ def select_pages(
         scores = ops.page_scores(q, summary, page_table, seq_lens, score, page_size)
         # Rows wider than one program holds (> 128K tokens at page 16) take the torch choice.
         if max(page_table.shape[1], plan.max_selected) <= MAX_PAGES:
-            return ops.select_pages(
-                scores,
-                page_table,
-                seq_lens.to(torch.int32),  # no-ops for the engine's int32 tensors
-                budgets.to(device=q.device, dtype=torch.int32),
-                plan.num_selected,
-                plan.max_selected,
-                page_size=page_size,
-                num_sink=num_sink,
-                num_recent=num_recent,
+            return _choose_triton(
+                scores, page_table, seq_lens, budgets, plan, page_size, num_sink, num_recent
             )
     else:
         if any(t.dtype != torch.float32 for t in summary.tables):
@@ -100,6 +92,31 @@ def select_pages(
         num_sink=num_sink,
         num_recent=num_recent,
         plan=plan,
+    )
+
+
+def _choose_triton(
+    scores: Tensor,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    budgets: Tensor,
+    plan: SelectionPlan,
+    page_size: int,
+    num_sink: int,
+    num_recent: int,
+) -> SelectedPages:
+    """The Triton choice from the pages' scores (B, H_kv, P): top-k, compaction and physical
+    ids in one kernel."""
+    return ops.select_pages(
+        scores,
+        page_table,
+        seq_lens.to(torch.int32),  # no-ops for the engine's int32 tensors
+        budgets.to(device=scores.device, dtype=torch.int32),
+        plan.num_selected,
+        plan.max_selected,
+        page_size=page_size,
+        num_sink=num_sink,
+        num_recent=num_recent,
     )
 
 
