@@ -30,7 +30,9 @@ its 32 MB mmap threshold (sparrow.malloc), and a later allocation of another siz
 them all. Two terms count it:
 - `HOST_CACHE_COPIES`: each layer's row-expanded prompt K/V is replaced by its concatenation with
   the completions' K/V, a slightly longer tensor that cannot take the freed block, so on the heap
-  the expanded cache is held once more than live, in the no-grad passes and in the update;
+  the expanded cache is held once more than live, in the no-grad passes and in the update; only
+  while one layer's expanded K is under the mmap threshold (larger blocks are unmapped on free:
+  the long-context exact acceptance's 18 rows x 4036 tokens, 56 MB a layer, are not on the heap);
 - `ALLOCATOR_SLACK`: the rest, a share of each phase's transient bytes.
 
 Sizes per value: weights and gradients in the model's dtype; AdamW's m and v in fp32, plus an fp32
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sparrow.malloc import MMAP_THRESHOLD
 from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_memory import micro_batch_activation_bytes, row_expanded_cache_bytes
 from sparrow.train.config import SparrowConfig
@@ -218,7 +221,7 @@ def plan_memory(
     )
     packed = host and eng.linear_backend == "onednn" and not triton
     row_cache = row_expanded_cache_bytes(shape, mb.expanded_tokens, value_bytes)
-    heap_copies = HOST_CACHE_COPIES if host else 0
+    heap_copies = _heap_copies(shape, mb.expanded_tokens, value_bytes) if host else 0
     logprob_extra = no_grad_pass_bytes(shape, mb, actor.logprob_chunk_tokens, value_bytes)
     checkpointing, chunk = actor.activation_checkpointing, actor.logprob_chunk_tokens
     return MemoryPlan(
@@ -307,8 +310,15 @@ def _exact_monitor_bytes(
     if host:  # the engine keeps them on the CPU whatever its device
         kept_logits = exact.rows * new_tokens * vocab_row
         exact_cache = row_expanded_cache_bytes(shape, exact.expanded_tokens, value_bytes)
-        exact_extra += HOST_CACHE_COPIES * exact_cache
+        exact_extra += _heap_copies(shape, exact.expanded_tokens, value_bytes) * exact_cache
     return exact_extra, kept_logits
+
+
+def _heap_copies(shape: ModelShape, expanded_tokens: int, bytes_per_value: int) -> int:
+    """HOST_CACHE_COPIES when one layer's row-expanded K is a heap block (under glibc's mmap
+    threshold, sparrow.malloc), else 0: an unmapped block is returned to the kernel on free."""
+    layer_bytes = expanded_tokens * shape.kv_dim * bytes_per_value
+    return HOST_CACHE_COPIES if layer_bytes < MMAP_THRESHOLD else 0
 
 
 def targets_gpu(cfg: SparrowConfig) -> bool:

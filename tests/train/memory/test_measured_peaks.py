@@ -61,3 +61,22 @@ def test_cpu_plan_is_within_1_3x_above_the_measured_peak(name):
     )
     assert phase == m.phase
     assert m.peak <= peak <= 1.3 * m.peak, f"{name}: plan/measured {ratio:.2f}"
+
+
+# `sparrow-train data=long_context rl.steps=2 actor.activation_checkpointing=true
+# actor.max_tokens_per_micro_batch=26112 memory.device_gib=20 rl.skip_no_signal=false
+# rl.eval.every=0 monitor.speedup_every=0` (the knobs its fit sized on this VM at 16 GiB free,
+# pinned): step 1's phases, before AdamW's state exists (the plan's less the optimizer state).
+# Its update did not finish within the session; its peak is not pinned here.
+LONG_CONTEXT_STEP1 = {"actor log-probs": 6_174_302_208, "monitor exact": 8_805_158_912}
+
+
+@pytest.mark.parametrize("phase", list(LONG_CONTEXT_STEP1))
+def test_long_context_no_grad_phases_within_1_3x_above_step_1(phase):
+    cfg = load_config(
+        ["data=long_context", "actor.activation_checkpointing=true",
+         "actor.max_tokens_per_micro_batch=26112"]
+    )  # fmt: skip
+    plan = plan_memory(cfg, SMOLLM2, 1, False, 4036, 37, runtime=1_002_160_128)
+    planned, measured = plan.phases[phase] - plan.optimizer, LONG_CONTEXT_STEP1[phase]
+    assert measured <= planned <= 1.3 * measured, (phase, planned / measured)
