@@ -60,20 +60,11 @@ def offline_tail(
     per bin of `num_prompts` held-out prompts x `samples` under `budgets_pages` (JSON-ready)."""
     if not cfg.distill.enabled or not cfg.distill.gate:
         raise ValueError("offline_tail needs a run with distill.enabled and distill.gate")
-    policy_dir = run_dir / "policy"
-    if not policy_dir.is_dir():
-        raise FileNotFoundError(f"{policy_dir} is missing: the run has not finished")
-    lm = load_model(replace(cfg.model, name=str(policy_dir)))
-    state = torch.load(newest_checkpoint(run_dir) / "trainer_state.pt", weights_only=False)
-    engine = LLMEngine(lm.model, lm.tokenizer, cfg.rollout.engine)
-    distill = DistillSparse(cfg.distill, lm.model, engine.sparse_settings, cfg.actor.lr)
-    distill.load_state_dict(state["distill"])
-    adapter = distill.lora_factors()
-    del distill  # its copy of the model is no longer needed
+    engine, adapter, tokenizer = _engine_and_adapter(cfg, run_dir)
     sched, page_size = cfg.schedule, cfg.rollout.engine.page_size
     schedule = BudgetSchedule(sched.bin_tokens, tuple(budgets_pages), tuple(sched.grid_pages))
     engine.set_schedule(schedule.budget_pages)
-    data = load_eval_prompts(cfg.data, cfg.rl.eval.split, lm.tokenizer)
+    data = load_eval_prompts(cfg.data, cfg.rl.eval.split, tokenizer)
     prompts = [p.token_ids for p in data.prompts[:num_prompts]]
     params = SamplingParams(
         temperature=cfg.rollout.temperature,
@@ -91,33 +82,9 @@ def offline_tail(
         "samples": samples,
     }
     for sampled_by in ("base", "adapter"):
-        values: dict[str, list[torch.Tensor]] = {"base": [], "adapter": []}
-        positions, sparse_tokens = [], 0
-        for start in range(0, len(prompts), PROMPTS_PER_CALL):
-            chunk = prompts[start : start + PROMPTS_PER_CALL]
-            engine.set_lora(adapter if sampled_by == "adapter" else None)
-            outs = engine.generate(chunk, params, n=samples)
-            other = "base" if sampled_by == "adapter" else "adapter"
-            engine.set_lora(adapter if other == "adapter" else None)
-            rows_p, rows_c = [o.prompt_ids for o in outs], [o.token_ids for o in outs]
-            # One replay: the dense rows (dense decode: theta, the adapter shut) and the other
-            # sparse policy's rows, on the same tokens.
-            dense_rows: list[Schedule | None] = [None] * len(outs)
-            replay = engine.score(
-                rows_p + rows_p, rows_c + rows_c, dense_rows + [engine.schedule] * len(outs)
-            )
-            for i, out in enumerate(outs):
-                dense = F.log_softmax(replay[i].float() / temperature, -1)  # (C, V)
-                assert out.logits is not None, "generate keeps the logits the score reads"
-                own = F.log_softmax(out.logits.float() / temperature, -1)
-                theirs = F.log_softmax(replay[len(outs) + i].float() / temperature, -1)
-                values[sampled_by].append(exact_acceptance(dense, own))
-                values[other].append(exact_acceptance(dense, theirs))
-                where = len(out.prompt_ids) + torch.arange(len(out.token_ids))  # (C,)
-                positions.append(where)
-                sparse_tokens += int((out.budget_pages < dense_pages(where, page_size)).sum())
-            del outs, replay
-        where = torch.cat(positions)
+        values, where, sparse_tokens = _sample_and_score(
+            engine, adapter, sampled_by, prompts, params, samples, temperature, page_size
+        )
         result[f"sampled_by_{sampled_by}"] = {
             "tokens": len(where),
             "sparse_tokens": sparse_tokens,
@@ -129,3 +96,60 @@ def offline_tail(
             },
         }
     return result
+
+
+def _engine_and_adapter(cfg: SparrowConfig, run_dir: Path):
+    """(engine over the run's exported theta, the trained adapter's LoRA factors, tokenizer)."""
+    policy_dir = run_dir / "policy"
+    if not policy_dir.is_dir():
+        raise FileNotFoundError(f"{policy_dir} is missing: the run has not finished")
+    lm = load_model(replace(cfg.model, name=str(policy_dir)))
+    state = torch.load(newest_checkpoint(run_dir) / "trainer_state.pt", weights_only=False)
+    engine = LLMEngine(lm.model, lm.tokenizer, cfg.rollout.engine)
+    distill = DistillSparse(cfg.distill, lm.model, engine.sparse_settings, cfg.actor.lr)
+    distill.load_state_dict(state["distill"])
+    adapter = distill.lora_factors()
+    del distill  # its copy of the model is no longer needed
+    return engine, adapter, lm.tokenizer
+
+
+def _sample_and_score(
+    engine: LLMEngine,
+    adapter,
+    sampled_by: str,
+    prompts: list,
+    params: SamplingParams,
+    samples: int,
+    temperature: float,
+    page_size: int,
+) -> tuple[dict[str, list[torch.Tensor]], torch.Tensor, int]:
+    """Sample `prompts` x `samples` by one sparse policy ("base" or "adapter") and score every
+    token both ways against the dense policy. Returns (per scoring policy the acceptance of each
+    sample (C,), every sampled token's position (N,), how many were decoded sparsely)."""
+    values: dict[str, list[torch.Tensor]] = {"base": [], "adapter": []}
+    positions, sparse_tokens = [], 0
+    for start in range(0, len(prompts), PROMPTS_PER_CALL):
+        chunk = prompts[start : start + PROMPTS_PER_CALL]
+        engine.set_lora(adapter if sampled_by == "adapter" else None)
+        outs = engine.generate(chunk, params, n=samples)
+        other = "base" if sampled_by == "adapter" else "adapter"
+        engine.set_lora(adapter if other == "adapter" else None)
+        rows_p, rows_c = [o.prompt_ids for o in outs], [o.token_ids for o in outs]
+        # One replay: the dense rows (dense decode: theta, the adapter shut) and the other
+        # sparse policy's rows, on the same tokens.
+        dense_rows: list[Schedule | None] = [None] * len(outs)
+        replay = engine.score(
+            rows_p + rows_p, rows_c + rows_c, dense_rows + [engine.schedule] * len(outs)
+        )
+        for i, out in enumerate(outs):
+            dense = F.log_softmax(replay[i].float() / temperature, -1)  # (C, V)
+            assert out.logits is not None, "generate keeps the logits the score reads"
+            own = F.log_softmax(out.logits.float() / temperature, -1)
+            theirs = F.log_softmax(replay[len(outs) + i].float() / temperature, -1)
+            values[sampled_by].append(exact_acceptance(dense, own))
+            values[other].append(exact_acceptance(dense, theirs))
+            where = len(out.prompt_ids) + torch.arange(len(out.token_ids))  # (C,)
+            positions.append(where)
+            sparse_tokens += int((out.budget_pages < dense_pages(where, page_size)).sum())
+        del outs, replay
+    return values, torch.cat(positions), sparse_tokens
