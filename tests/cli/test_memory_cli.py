@@ -43,10 +43,12 @@ def test_dry_run_refuses_a_plan_over_the_device_naming_the_phase(tmp_path):
 
 
 def test_a_run_over_the_device_stops_before_its_first_rollout(tmp_path):
-    # Checkpointing off and a huge token budget, both set here: nothing may be sized.
+    # Checkpointing off and a huge token budget, both set here: nothing may be sized. The plan
+    # sizes the micro-batch the actor really cuts (rows x their longest sequence), so the
+    # completions are long enough for the actor step to exceed 1 GiB (1.2 GiB planned).
     out = _train(
         tmp_path, "preset=smoke", "memory.device_gib=1", "actor.activation_checkpointing=false",
-        "actor.max_tokens_per_micro_batch=100000000",
+        "actor.max_tokens_per_micro_batch=100000000", "rollout.max_new_tokens=2048",
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
