@@ -57,18 +57,9 @@ class PolicyUpdate:
         cfg, ranks, actor = self.cfg, self.ranks, self.actor
         if not cfg.rl.update_policy:
             return UpdateOutcome({"policy_frozen": 1.0}, ran=False)
-        loss_mask = batch.completion_mask
-        if masked_rows is not None:  # out of the loss and of its token count
-            loss_mask = loss_mask & ~masked_rows[:, None]
-        rejected_frac = None
-        if self.rejection is not None:  # seq_mask: as verl, rejected rows leave the mask and counts
-            rejected = self.rejection(dense.token_logprobs, batch.drawn_logprobs, loss_mask)
-            totals = ranks.sums({"rejected": float(rejected.sum()), "all": float(loss_mask.sum())})
-            rejected_frac = totals["rejected"] / max(totals["all"], 1.0)
-            loss_mask = loss_mask & ~rejected
-        if masked_rows is not None or rejected_frac is not None:
-            token_advantages = token_advantages * loss_mask
-            num_tokens = max(ranks.sum(loss_mask.sum()), 1.0)  # all cut: a zero loss
+        loss_mask, token_advantages, num_tokens, rejected_frac = self._loss_mask(
+            batch, dense, token_advantages, num_tokens, masked_rows
+        )
         if cfg.rl.skip_no_signal and ranks.sum(token_advantages.ne(0).sum()) == 0:
             log.info("step %d: every advantage is zero, update skipped", step + 1)
             return UpdateOutcome({"no_signal": 1.0, "lr": actor.lr}, ran=False)
@@ -83,10 +74,7 @@ class PolicyUpdate:
             "group_ids": batch.group_ids,
         }
         extremes: dict[str, list[float]] = {}  # min/max metrics: the actor only sums
-        counts = None
-        if cfg.rl.loss.aggregation != "token_mean":  # the seq_* modes divide by sequences
-            sequences = max(ranks.sum(loss_mask.any(-1).sum()), 1.0)
-            counts = StepCounts(num_tokens, sequences, cfg.rollout.max_new_tokens)
+        counts = self._step_counts(loss_mask, num_tokens)
         temperature = cfg.rollout.temperature
 
         def micro_batch_loss(logprobs, mb):
@@ -112,3 +100,31 @@ class PolicyUpdate:
         if rejected_frac is not None:  # the loss saw the mask without them
             update["correction/masked_frac"] = rejected_frac
         return UpdateOutcome(update | {"no_signal": 0.0}, ran=True)
+
+    def _loss_mask(self, batch: RolloutBatch, dense: LogprobOutput, token_advantages, num_tokens,
+                   masked_rows) -> tuple:  # fmt: skip
+        """(loss mask, token advantages, token count, rejected share or None): the completion
+        mask less `masked_rows` and, under seq_mask, the rows the rejection drops; a cut mask
+        zeroes their advantages and recounts the step's tokens over ranks."""
+        ranks = self.ranks
+        loss_mask = batch.completion_mask
+        if masked_rows is not None:  # out of the loss and of its token count
+            loss_mask = loss_mask & ~masked_rows[:, None]
+        rejected_frac = None
+        if self.rejection is not None:  # seq_mask: as verl, rejected rows leave the mask and counts
+            rejected = self.rejection(dense.token_logprobs, batch.drawn_logprobs, loss_mask)
+            totals = ranks.sums({"rejected": float(rejected.sum()), "all": float(loss_mask.sum())})
+            rejected_frac = totals["rejected"] / max(totals["all"], 1.0)
+            loss_mask = loss_mask & ~rejected
+        if masked_rows is not None or rejected_frac is not None:
+            token_advantages = token_advantages * loss_mask
+            num_tokens = max(ranks.sum(loss_mask.sum()), 1.0)  # all cut: a zero loss
+        return loss_mask, token_advantages, num_tokens, rejected_frac
+
+    def _step_counts(self, loss_mask, num_tokens: float) -> StepCounts | None:
+        """The seq_* aggregations' denominators over ranks (None under token_mean)."""
+        cfg = self.cfg
+        if cfg.rl.loss.aggregation == "token_mean":
+            return None
+        sequences = max(self.ranks.sum(loss_mask.any(-1).sum()), 1.0)  # rows left in the loss
+        return StepCounts(num_tokens, sequences, cfg.rollout.max_new_tokens)
