@@ -42,15 +42,17 @@ def rehearse_engine(
     num_prompts: int = 2,
     n: int = 8,
     max_tokens: int = 3,
+    model_config=None,
 ) -> EngineReport:
     """`LLMEngine.generate` of `num_prompts` x `n` samples of `max_tokens` tokens from prompts
     of `context` tokens sharing a prefix, on the GPU preset's engine with `cuda_graphs`, sparse
     (the preset's schedule) or dense. The step loop reads its sampled tokens back: each gets
-    the placeholder token id (hot_path.PLACEHOLDERS)."""
+    the placeholder token id (hot_path.PLACEHOLDERS). `model_config`: another model's HF config
+    (default: Qwen3-1.7B's)."""
     cfg = load_config(PRESET)
     eng = replace(cfg.rollout.engine, cuda_graphs=cuda_graphs)
     with fake_gpu(phases=ENGINE_PHASES, host_reads_at=ENGINE_READS) as h:
-        model = qwen3_model(cfg, "cuda")
+        model = qwen3_model(cfg, "cuda", model_config)
         engine = LLMEngine(model, tiny_tokenizer(), eng)
         resident = h.live.live["cuda"]
         kv = engine.runner.kv

@@ -70,10 +70,12 @@ def fake_gpu(*, phases: StackRegions | None = None, host_values: bool = False, *
         yield SimpleNamespace(mode=mode, live=live, values=values, guard=guard)
 
 
-def qwen3_model(cfg: SparrowConfig, device: str) -> transformers.PreTrainedModel:
-    """The HF model of Qwen3-1.7B's shape in the config's dtype, fake, made on the CPU and moved
-    to `device` as the trainer moves its model."""
-    config = random_model_config(MODEL)
+def qwen3_model(
+    cfg: SparrowConfig, device: str, config: transformers.PretrainedConfig | None = None
+) -> transformers.PreTrainedModel:
+    """The HF model of Qwen3-1.7B's shape (or of `config`) in the config's dtype, fake, made on
+    the CPU and moved to `device` as the trainer moves its model."""
+    config = config or random_model_config(MODEL)
     dtype = getattr(torch, cfg.model.dtype)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval().to(device)

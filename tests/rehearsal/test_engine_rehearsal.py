@@ -14,6 +14,8 @@ does (the capture runs the forward once; replays run nothing).
 import inspect
 
 import pytest
+import torch
+import transformers
 from engine_rehearsal import rehearse_engine
 from hot_path import PLACEHOLDERS
 
@@ -75,3 +77,45 @@ def test_engine_generates_on_a_fake_gpu_at_the_real_shape(cuda_graphs, sparse):
         + ", ".join(f"{k} {v / GIB:.2f}" for k, v in sorted(report.peak.items()))
         + f"; {report.ops_checked} hot-path ops checked"
     )
+
+
+def _family_configs() -> dict:
+    """The other families at a real shape: Qwen2 (q/k/v biases) as DeepSeek-R1-Distill-Qwen-1.5B
+    ships it, and Mistral (no biases, no window) at that shape."""
+    from sparrow.models.loading import ModelConfig
+    from sparrow.models.model_config import read_model_config
+
+    qwen2, _ = read_model_config(ModelConfig(name="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"))
+    fields = {k: getattr(qwen2, k) for k in ("hidden_size", "intermediate_size", "vocab_size")}
+    mistral = transformers.MistralConfig(
+        **fields,
+        num_hidden_layers=qwen2.num_hidden_layers,
+        num_attention_heads=qwen2.num_attention_heads,
+        num_key_value_heads=qwen2.num_key_value_heads,
+        head_dim=qwen2.hidden_size // qwen2.num_attention_heads,
+        max_position_embeddings=40960,
+        sliding_window=None,
+    )
+    return {"qwen2": qwen2, "mistral": mistral}
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_other_families_generate_on_a_fake_gpu(family):
+    """A new family changes no launch count and no host read of the decode path: each layer
+    launches the same ops as Qwen3's (sparse, CUDA graphs), at a 1.5B shape and 32K prompts."""
+    config = _family_configs()[family]
+    max_tokens = 3
+    report = rehearse_engine(cuda_graphs=True, sparse=True, max_tokens=max_tokens,
+                             model_config=config)  # fmt: skip
+    layers = config.num_hidden_layers
+    with torch.device("meta"):  # the family's own weights (Qwen2's q/k/v biases), not Qwen3's
+        params = transformers.AutoModelForCausalLM.from_config(config).parameters()
+        assert report.weight_bytes == 2 * sum(p.numel() for p in params)  # bf16
+    assert report.tokens == [[PLACEHOLDERS["int"]] * max_tokens] * 16
+    assert sum(report.host_reads.values()) == 16 * max_tokens
+    ops = report.sparrow_ops
+    forwards = ops["write_kv"] // layers
+    assert forwards == 3 and report.graphs == (1, max_tokens - 1, 0)
+    assert ops["paged_decode"] == layers * forwards
+    assert ops["page_scores"] == ops["select_pages"] == (layers - 2) * forwards
+    assert report.ops_checked < MAX_HOT_PATH_OPS, report.ops_checked
