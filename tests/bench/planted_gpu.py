@@ -83,6 +83,15 @@ def build(name: str, module, args):
         loaded = module.load_on_device(args)
         cfg = EngineConfig(num_pages=64, dtype=args.dtype, linear_backend=args.linear_backend)
         return loaded, LLMEngine(loaded.model, loaded.tokenizer, cfg)
+    if name == "dense-shared":  # one loaded model, an engine per arm (fused kernel, copies)
+        from sparrow.rollout.engine import LLMEngine
+
+        loaded = module.load_on_device(args)
+        engines = [
+            LLMEngine(loaded.model, loaded.tokenizer, module._engine_config(args, shared))
+            for shared in module.ARMS.values()
+        ]
+        return loaded, engines
     if name == "distill-attention":
         return module._build(128, 64, args.device)
     if name == "actor":  # what both measurements build: the batch and the model (DeepSpeed aside)
@@ -100,6 +109,7 @@ TINY = {  # arguments that keep each build small
     "kernel": ["--contexts", "64", "--budgets", "32", "--batch", "2"],
     "rollout": ["--model", "tiny-qwen3", "--quick"],
     "prefix": ["--model", "tiny-qwen3", "--quick"],
+    "dense-shared": ["--model", "tiny-qwen3", "--context", "40", "--samples", "2"],
     "distill-attention": [],
     "step": [],
 }
