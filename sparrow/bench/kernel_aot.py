@@ -44,15 +44,15 @@ def preset_shapes(conf_dir: Path = CONF) -> list[EngineShape]:
     """The engine shape of every GPU preset (conf/preset/*_gpu.yaml), from the composed config
     (the engine's page size, for one, is interpolated from the schedule's)."""
     from sparrow.cli.config_loader import load_config
-    from sparrow.models.random_init import random_model_config
+    from sparrow.models.model_config import read_model_config
     from sparrow.models.shape import ModelShape
 
     shapes = []
     for path in sorted((conf_dir / "preset").glob("*_gpu.yaml")):
         cfg = load_config([f"preset={path.stem}"])
         engine = cfg.rollout.engine
-        name = cfg.model.name.split("/")[-1].lower()  # Qwen/Qwen3-1.7B -> qwen3-1.7b
-        model = ModelShape.from_hf_config(random_model_config(name))
+        # The preset's model config as a dry run reads it (shipped in models/hf_configs/).
+        model = ModelShape.from_hf_config(read_model_config(cfg.model)[0])
         shapes.append(
             EngineShape(
                 num_q_heads=model.num_q_heads,

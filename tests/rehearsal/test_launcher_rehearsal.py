@@ -86,12 +86,12 @@ def test_launches_per_dense_and_sparse_layer_from_the_record(occupancy, batch):
 
 
 FAULTS = {
-    "host sync": ("num_sel = seq_lens if selected is None", "seq_lens.max().item()",
+    "host sync": ("sel, sel_phys, num_sel = _selection_args(", "seq_lens.max().item()",
                   "host sync (_local_scalar_dense) in the decode forward"),
-    "cpu tensor": ("num_sel = seq_lens if selected is None",
+    "cpu tensor": ("sel, sel_phys, num_sel = _selection_args(",
                    "seq_lens = torch.arange(batch, dtype=torch.int32)",
                    "CPU tensor made in the decode forward (arange)"),
-    "wrong-dtype output": ("num_sel = seq_lens if selected is None",
+    "wrong-dtype output": ("sel, sel_phys, num_sel = _selection_args(",
                            "out = torch.empty(q.shape, dtype=torch.float32, device=q.device)",
                            "wrong dtype passed to _"),
 }  # fmt: skip

@@ -28,7 +28,7 @@ ENGINE_FAULTS = {
         "x.abs().max().item()", "host sync (_local_scalar_dense) in the prefill forward",
     ),
     "fp32 upcast": (
-        DecoderModel, "_forward", "gate_up = self._project(h, w.gate_up, None,",
+        DecoderModel, "_forward", "gate_up = self._project(",
         "h = h.float()", "fp32 upcast on the half-precision prefill forward (to -> (528, 2048))",
     ),
 }  # fmt: skip
