@@ -44,7 +44,8 @@ ENGINE_PHASES = StackRegions({
 # Reads of device values the host makes by design, and the value each gets here.
 ENGINE_READS = {("sparrow/rollout/engine.py", "_step"): None}  # the sampled tokens, per step
 DISTILL_READS = {
-    ("sparrow/distill/distill_sparse.py", "step"): None,  # its metrics and gradient norm
+    ("sparrow/distill/distill_sparse.py", "step"): None,  # its metrics
+    ("sparrow/distill/distill_sparse.py", "_update_adapter"): None,  # the gradient norm
     # The page union of a query chunk: its width sizes the gather. No value exists here, so
     # every page (the slice clamps to them), the most memory the chunk can take.
     ("sparrow/distill/page_gather_attention.py", "_chunk_keys"): 2**31,
