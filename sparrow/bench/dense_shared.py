@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from sparrow.bench.device import load_on_device, resolve_device_args
-from sparrow.cli.errors import ArgumentParser, at_least, model_not_found
+from sparrow.bench.device import load_bench_model, resolve_device_args
+from sparrow.cli.errors import ArgumentParser, at_least
 from sparrow.kernels import resolve_backend
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -29,13 +29,7 @@ ARMS = {"kernel": True, "copies": False}  # arm -> EngineConfig.shared_page_kern
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        lm = load_on_device(args)
-    except OSError as err:
-        model_not_found(err, "--model", args.model)
-        raise
+    lm = load_bench_model(args)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, lm.model.config.vocab_size, (args.context,), generator=gen)
     params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True)

@@ -62,3 +62,17 @@ def load_on_device(args):
     loaded = load_model(ModelConfig(args.model, dtype=args.dtype))
     loaded.model.to(args.device)
     return loaded
+
+
+def load_bench_model(args):
+    """A model bench's start: its `--threads` (0: torch's default), then `--model` loaded on
+    its device (load_on_device); a model not found exits naming `--model`."""
+    from sparrow.cli.errors import model_not_found
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return load_on_device(args)
+    except OSError as err:
+        model_not_found(err, "--model", args.model)
+        raise

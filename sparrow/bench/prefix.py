@@ -19,21 +19,15 @@ from pathlib import Path
 
 import torch
 
-from sparrow.bench.device import load_on_device, resolve_device_args
-from sparrow.cli.errors import ArgumentParser, at_least, model_not_found
+from sparrow.bench.device import load_bench_model, resolve_device_args
+from sparrow.cli.errors import ArgumentParser, at_least
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams, shared_prefix_tokens
 from sparrow.tasks.generators import TaskConfig, generate_tasks
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        lm = load_on_device(args)
-    except OSError as err:
-        model_not_found(err, "--model", args.model)
-        raise
+    lm = load_bench_model(args)
     prompts = few_shot_prompts(lm.tokenizer, args.prompts, args.few_shot)
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens)
     engines = {

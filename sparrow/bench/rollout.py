@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from sparrow import malloc
-from sparrow.bench.device import load_on_device, resolve_device_args
-from sparrow.cli.errors import ArgumentParser, at_least, model_not_found
+from sparrow.bench.device import load_bench_model, resolve_device_args
+from sparrow.cli.errors import ArgumentParser, at_least
 from sparrow.control.acceptance import exact_acceptance
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -45,13 +45,7 @@ QUICK = {
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        lm = load_on_device(args)
-    except OSError as err:
-        model_not_found(err, "--model", args.model)
-        raise
+    lm = load_bench_model(args)
     report = {
         "config": {
             **vars(args),

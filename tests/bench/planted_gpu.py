@@ -24,6 +24,8 @@ import traceback
 
 import torch
 
+from sparrow.bench.device import load_on_device
+
 torch.cuda.is_available = lambda: True  # the planted GPU, before sparrow reads it
 
 META = torch.device("meta")  # the chosen device's stand-in
@@ -80,13 +82,13 @@ def build(name: str, module, args):
     if name in ("rollout", "prefix"):
         from sparrow.rollout.engine import EngineConfig, LLMEngine
 
-        loaded = module.load_on_device(args)
+        loaded = load_on_device(args)
         cfg = EngineConfig(num_pages=64, dtype=args.dtype, linear_backend=args.linear_backend)
         return loaded, LLMEngine(loaded.model, loaded.tokenizer, cfg)
     if name == "dense-shared":  # one loaded model, an engine per arm (fused kernel, copies)
         from sparrow.rollout.engine import LLMEngine
 
-        loaded = module.load_on_device(args)
+        loaded = load_on_device(args)
         engines = [
             LLMEngine(loaded.model, loaded.tokenizer, module._engine_config(args, shared))
             for shared in module.ARMS.values()
