@@ -49,6 +49,7 @@ def compose_dict(overrides: list[str], config_name: str = "config"):
     moved = moved_key_error(overrides)
     if moved:  # Hydra would say only that the key is not in the schema
         raise ConfigError(moved)
+    overrides = [python_key(o) for o in overrides]
     ConfigStore.instance().store(name="sparrow_schema", node=SparrowConfig)
     GlobalHydra.instance().clear()
     try:
@@ -59,6 +60,21 @@ def compose_dict(overrides: list[str], config_name: str = "config"):
     # Hydra reports some malformed overrides (e.g. "=3") as a plain ValueError.
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         raise ConfigError(_quoting_hint(err, overrides) or _one_line(err)) from err
+
+
+# Keys users type whose dataclass field cannot be named so (a Python keyword) -> the field.
+KEYWORD_KEYS = {"rl.async": "rl.async_rollout"}
+
+
+def python_key(override: str) -> str:
+    """`override` with a keyword key rewritten to its field (`rl.async.staleness=1` ->
+    `rl.async_rollout.staleness=1`); other overrides unchanged."""
+    prefix = override[: len(override) - len(override.lstrip("+~"))]
+    body = override[len(prefix) :]
+    for typed, field_key in KEYWORD_KEYS.items():
+        if body == typed or body.startswith((typed + ".", typed + "=")):
+            return prefix + field_key + body[len(typed) :]
+    return override
 
 
 def load_config(overrides: list[str]) -> SparrowConfig:

@@ -42,6 +42,10 @@ class RolloutBatch:
     # (B, T) fp32, log-prob of input_ids[:, t] under the top-k/top-p truncated distribution it was
     # drawn from (the IS weight's denominator); None: not truncated, `sampled_logprobs` is it
     behaviour_logprobs: Tensor | None = None
+    # (B,) int64, per row the weight version that sampled it (the number of policy updates the
+    # rollout engine's weights held): with an asynchronous rollout (rl.async.staleness) a row
+    # can be older than the weights it trains; None where nobody tracks versions
+    weight_version: Tensor | None = None
 
     @property
     def drawn_logprobs(self) -> Tensor:
@@ -77,6 +81,7 @@ def collate_rollouts(
     outputs: Sequence,
     pad_token_id: int,
     group_ids: Sequence[int] | None = None,
+    weight_version: int | None = None,
 ) -> RolloutBatch:
     """Pad the engine's outputs (sparrow.rollout GenerationOutput) into one batch.
 
@@ -84,6 +89,7 @@ def collate_rollouts(
     group_ids: one per output; defaults to each output's `prompt_index` (pass global prompt
     indices when a rank generated a slice of the step's prompts).
     Outputs' logits, where the engine kept them, are passed on by reference (no copy).
+    weight_version: the version of the weights that sampled every output (None: untracked).
     """
     if not outputs:
         raise ValueError("collate_rollouts needs at least one output")
@@ -107,6 +113,9 @@ def collate_rollouts(
         finish_reasons=[o.finish_reason for o in outputs],
         rollout_logits=_rollout_logits(outputs),
         behaviour_logprobs=None if drawn_full else behaviour_logprobs,
+        weight_version=None
+        if weight_version is None
+        else torch.full((len(outputs),), weight_version, dtype=torch.int64),
     )
 
 

@@ -84,6 +84,28 @@ class DynamicSamplingConfig:
 
 
 @dataclass
+class AsyncConfig:
+    """Rollout overlapped with the update (sparrow/train/rollout_pipeline.py). The CLI key is
+    `rl.async.staleness` (`async` is a Python keyword: the field is `rl.async_rollout`, and the
+    CLI rewrites one key into the other, sparrow/cli/config_loader.py)."""
+
+    # 0: the synchronous loop (rollout, then update, one after the other). 1: the rollout of step
+    # t+1 runs in a background thread while step t updates, from the engine's weights before that
+    # update, so step t+1 trains on rows one weight version old; the acceptance the controller
+    # reads then compares each row's sparse and dense distributions of the SAME weights (its
+    # dense replay on the rollout side, docs/DESIGN.md). One process runs one rollout ahead: k > 1
+    # would need older weights kept, so it is refused.
+    staleness: int = 0
+
+    def __post_init__(self):
+        if self.staleness not in (0, 1):
+            raise ValueError(
+                f"rl.async.staleness={self.staleness}: 0 (synchronous) or 1 (the next rollout "
+                "overlaps the update, one weight version old) on one process"
+            )
+
+
+@dataclass
 class RLConfig:
     steps: int = 20  # GRPO steps (one rollout batch and one optimizer update each)
     prompts_per_step: int = 8  # prompts per step over all ranks
@@ -112,6 +134,8 @@ class RLConfig:
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     # DAPO's soft overlong penalty and overlong filtering (sparrow/rl/overlong.py); off.
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    # Asynchronous rollout, the CLI's `rl.async.staleness` (AsyncConfig above); 0: synchronous.
+    async_rollout: AsyncConfig = field(default_factory=AsyncConfig)
 
     def __post_init__(self):
         # prompts_per_step's upper bound (the data size) is checked by the prompt iterator.
