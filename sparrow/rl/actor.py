@@ -20,12 +20,13 @@ Under ZeRO-3 every call here is a collective: all ranks call it with the same nu
 micro-batches (checked, to fail loudly instead of hanging).
 """
 
+import contextlib
 import logging
 import math
 import os
 import socket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
@@ -56,6 +57,7 @@ from sparrow.rl.policy_logprobs import (  # noqa: E402
     PolicyWithLogprobs,
     check_shared_prompts,
 )
+from sparrow.rollout.weight_push import plan_buckets  # noqa: E402
 
 deepspeed.utils.logger.setLevel(logging.WARNING)
 # DeepSpeed 0.19 calls these torch collectives under their deprecated names on every ZeRO step.
@@ -325,6 +327,13 @@ class DenseActor:
             out[name] = gathered[id(tensor)]
         return out
 
+    def weight_buckets(
+        self, bucket_bytes: int, dtype: torch.dtype
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """The policy's weights a bucket at a time, for a weight push: see `parameter_buckets`
+        (a collective under ZeRO-3: every rank of the actor draws every bucket)."""
+        return parameter_buckets(self.model, bucket_bytes, dtype)
+
     def save_checkpoint(self, directory: str | Path) -> None:
         """DeepSpeed checkpoint (weights, optimizer, LR schedule) into `directory`; all ranks."""
         self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
@@ -350,6 +359,30 @@ class DenseActor:
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(directory))
         self.ranks.barrier()
+
+
+def parameter_buckets(
+    model: nn.Module, bucket_bytes: int, dtype: torch.dtype
+) -> Iterator[list[tuple[str, Tensor]]]:
+    """`model`'s parameters (HF names, a tied one once, under its first name) a bucket at a time,
+    for a weight push in `dtype` (sparrow.rollout.weight_push): a bucket holds at most
+    `bucket_bytes` in the larger of the parameter's and `dtype`'s element sizes, a larger tensor
+    alone. ZeRO-3-partitioned parameters are gathered one bucket at a time, just while it is
+    drawn, so a rank never holds more than one bucket (or one tensor larger than a bucket) of
+    gathered weights. The tensors alias the live weights: valid until the next bucket is drawn."""
+    named = list(model.named_parameters())
+    sizes = [
+        getattr(p, "ds_numel", p.numel()) * max(p.dtype.itemsize, dtype.itemsize) for _, p in named
+    ]
+    for bucket in plan_buckets(sizes, bucket_bytes):
+        partitioned = [named[i][1] for i in bucket if hasattr(named[i][1], "ds_id")]
+        gathered = (
+            deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+            if partitioned
+            else contextlib.nullcontext()
+        )
+        with gathered:
+            yield [(named[i][0], named[i][1].detach()) for i in bucket]
 
 
 def _init_distributed(backend: str, timeout_min: float) -> None:

@@ -13,6 +13,7 @@
     sampler.py        temperature / top-k / top-p, log-probs, top-K
     outputs.py        GenerationOutput, per-token records, GenerateStats
     engine.py         LLMEngine, EngineConfig, SamplingParams: the step loop
+    weight_push.py    the policy's weights from a training rank to rollout ranks, in buckets
 
 Nothing is imported here, so the scheduling modules stay importable without torch.
 """

@@ -24,7 +24,7 @@ except after a preemption of a sparsely decoded row (there `score`'s replay is t
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -148,6 +148,13 @@ class LLMEngine:
         """Copy HF-named weights (any subset; e.g. base + merged LoRA) in place; cache untouched.
         A LoRA set with `set_lora` is kept."""
         self.runner.model.load_state_dict(state_dict)
+
+    def update_weights_in_buckets(self, buckets: Iterable[Mapping[str, Tensor]]) -> None:
+        """`update_weights` one bucket at a time (a weight push, rollout/weight_push.py), the
+        linear backend repacked once after the last."""
+        for bucket in buckets:
+            self.runner.model.load_state_dict(bucket, repack=False)
+        self.runner.model.repack()
 
     def set_lora(self, factors: dict[str, tuple[Tensor, Tensor]] | None) -> None:
         """An unmerged LoRA applied only at sparse decode steps (budget < pages; every layer of

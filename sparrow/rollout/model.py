@@ -152,8 +152,9 @@ class DecoderModel:
         return views
 
     @torch.inference_mode()
-    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> set[str]:
-        """Copy HF-named weights in place (any subset); returns the names loaded."""
+    def load_state_dict(self, state_dict: Mapping[str, Tensor], repack: bool = True) -> set[str]:
+        """Copy HF-named weights in place (any subset); returns the names loaded. `repack=False`
+        leaves the linear backend's packed copies stale: call `repack` after the last load."""
         loaded = set()
         for raw_name, tensor in state_dict.items():
             name = hf_weight_name(raw_name)
@@ -171,8 +172,13 @@ class DecoderModel:
                 raise ValueError(f"{raw_name}: shape {tuple(tensor.shape)} != {tuple(expected)}")
             target.copy_(tensor.expand_as(target))
             loaded.add(name)
-        self.linear.repack(self._matrices())
+        if repack:
+            self.repack()
         return loaded
+
+    def repack(self) -> None:
+        """Rebuild the linear backend's packed weights from the current values."""
+        self.linear.repack(self._matrices())
 
     def set_lora(self, factors: Mapping[str, tuple[Tensor, Tensor]] | None) -> None:
         """Unmerged LoRA: HF module name -> (A (r, in), B scaled (out, r)), copied; None removes
