@@ -25,6 +25,7 @@ from sparrow.monitor.config import MonitorConfig
 from sparrow.monitor.exact_acceptance import exact_batch_acceptance
 from sparrow.monitor.mismatch import mismatch_metrics
 from sparrow.monitor.rollout_plan import RolloutPlan, plan_rollout
+from sparrow.monitor.same_weights import SameWeightsDense
 from sparrow.monitor.speedup_probe import measure_speedup
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.batch import RolloutBatch
@@ -108,6 +109,33 @@ class Monitor:
         )
         result.metrics |= speedup
         return result
+
+    def measure_same_weights(
+        self,
+        step: int,
+        prompt_ids: list[list[int]],
+        batch: RolloutBatch,
+        plan: RolloutPlan,
+        same: SameWeightsDense,
+        rollout_stats,
+    ) -> AcceptanceResult:
+        """`measure` for rows that may be older than the trainer's weights (asynchronous
+        rollout): every figure over the monitored rows alone, against `same`, the dense policy
+        of the weights that sampled them (same_weights.py), never the trainer's newer one."""
+        speedup = self._speedup(step, prompt_ids, rollout_stats)
+        sub = batch.select(torch.arange(len(batch))[same.rows])
+        floor = plan.floor_rows[same.rows]  # (b,)
+        everyone = torch.ones(len(sub), dtype=torch.bool)
+        exact = ExactAcceptance(same.exact, everyone) if self.cfg.exact else None
+        result = self.metrics.measure(sub, same.dense, floor, exact)
+        result.metrics |= mismatch_metrics(
+            sub.sampled_logprobs,
+            same.dense.token_logprobs,
+            sub.completion_mask & ~floor[:, None],
+            self.bin_tokens,
+            self.metrics.ranks,
+        )
+        return AcceptanceResult(result.metrics | speedup, result.stats, result.histograms)
 
     def _speedup(self, step: int, prompt_ids: list[list[int]], rollout_stats) -> dict:
         every = self.cfg.speedup_every

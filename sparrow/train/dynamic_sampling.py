@@ -84,6 +84,9 @@ class Sampled:
     # (B,) bool, rows of `train` that only even out the ranks' group counts (out of the loss);
     # None without dynamic sampling
     padding: torch.Tensor | None = None
+    # Asynchronous rollout: (AcceptanceResult, controller metrics), the step's acceptance
+    # measured and the schedule moved as the rollout was taken; None: done after the update
+    steered: tuple | None = None
 
     def free_logits(self) -> None:
         """Drop the rollout logits of every group drawn, trained or not: the one place they are
@@ -110,6 +113,16 @@ class Group:
         outputs = [replace(o, logits=None) for o in self.outputs]
         logit_rows = None if self.logit_rows is None else [False] * len(self.logit_rows)
         return replace(self, outputs=outputs, logit_rows=logit_rows)
+
+
+def staleness_metrics(step: int, versions: torch.Tensor, ranks: Ranks) -> dict[str, float]:
+    """async/staleness (mean over all ranks' rows) and async/staleness_max: how many weight
+    versions (steps) behind the trained weights (`step` updates in) each row was sampled."""
+    behind = step - versions  # (B,)
+    return {
+        "async/staleness": ranks.mean(float(behind.sum()), len(behind)),
+        "async/staleness_max": ranks.extreme([float(behind.max())], "max"),
+    }
 
 
 def group_signal(scores: torch.Tensor, group_size: int) -> list[bool]:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparrow.monitor.same_weights import SameWeightsDense
 from sparrow.train.dynamic_sampling import Sampled
 
 
@@ -32,7 +33,7 @@ class DrawnStep:
     step: int  # the 0-based step it is for
     sampled: Sampled  # the rounds, the trained groups, their rewards (kept logits freed)
     version: int  # the weight version that sampled every row (its rows' batch.weight_version)
-    same_weights: object  # monitor/same_weights.SameWeightsDense of the trained rows
+    same_weights: SameWeightsDense  # the trained rows' monitored share, on their own weights
     times: dict[str, float]  # async/<phase>_s of the draw in the thread (rollout, rewards, ...)
 
 

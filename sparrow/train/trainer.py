@@ -27,6 +27,7 @@ from pathlib import Path
 from sparrow.distributed import Ranks
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
 from sparrow.monitor.rollout_plan import RolloutPlan
+from sparrow.monitor.same_weights import same_weights_dense
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch, collate_rollouts
 from sparrow.rl.losses import PolicyLoss
@@ -45,12 +46,19 @@ from sparrow.train.build import (
     rollout_sampling,
 )
 from sparrow.train.config import SparrowConfig
-from sparrow.train.dynamic_sampling import Rollout, Round, Sampled, sample_step
+from sparrow.train.dynamic_sampling import (
+    Rollout,
+    Round,
+    Sampled,
+    sample_step,
+    staleness_metrics,
+)
 from sparrow.train.evaluation import PairedBaseline, eval_sampling, evaluate
 from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_update import PolicyUpdate
+from sparrow.train.rollout_pipeline import DrawnStep, RolloutPipeline
 from sparrow.train.run.policy_export import export_policy
 from sparrow.train.run.state import RunState
 from sparrow.train.run.stop_in_loop import GracefulStop, StopRequested
@@ -103,6 +111,12 @@ class GRPOTrainer:
         self.run_dir = Path(cfg.run_dir)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
         self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.sampling)
+        self.staleness = cfg.rl.async_rollout.staleness
+        if self.staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
+            raise ValueError("rl.async.staleness=1 runs on one process (WORLD_SIZE=1) for now")
+        self.engine_version = 0  # the step whose weights the engine holds (rows' weight_version)
+        # The asynchronous loop's rollout producer (rl.async.staleness=1; idle at 0).
+        self.pipeline = RolloutPipeline(self._draw_step)
         self.run = RunState(
             cfg,
             self.ranks,
@@ -113,6 +127,7 @@ class GRPOTrainer:
             distill=self.distill,
             baseline=PairedBaseline(),  # the first evaluation's per-prompt scores
             logger=self.logger,
+            pending_rollout=self.pipeline,
         )
 
     @property
@@ -135,6 +150,7 @@ class GRPOTrainer:
         if self.run.resume():
             self._sync_engine()
             self.steering.push()
+        self.engine_version = self.step
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -195,11 +211,14 @@ class GRPOTrainer:
             advantages = self.advantage_fn(rewards, rollout.batch.group_ids)  # (B,)
         with timer("logprobs"):
             dense = self._logprobs(rollout.batch)
-        with timer("monitor"):
-            acceptance = self._acceptance(train.prompts, rollout, dense)
-            sampled.free_logits()
-        with timer("control"):
-            control = self.steering.update(rollout.batch, acceptance.stats)
+        if sampled.steered is None:
+            with timer("monitor"):
+                acceptance = self._acceptance(train.prompts, rollout, dense)
+                sampled.free_logits()
+            with timer("control"):
+                control = self.steering.update(rollout.batch, acceptance.stats)
+        else:  # asynchronous: measured and steered when the rollout was taken (`_sample`)
+            acceptance, control = sampled.steered
         with timer("update"):
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
@@ -214,8 +233,12 @@ class GRPOTrainer:
             distill = self._distill_update(
                 rollout.batch, dense, token_advantages, num_tokens, weights
             )
+        if self.staleness:
+            with timer("rollout_wait"):  # the engine's weights never change under a generate
+                self.pipeline.wait()
         with timer("sync"):
             self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
+            self.engine_version = self.step + 1
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
         # What the engine drew (with dynamic sampling: every round), not only what trained.
@@ -227,12 +250,67 @@ class GRPOTrainer:
         metrics |= sampled.metrics | update_metrics(update | distill) | overlong["metrics"]
         metrics |= self.ranks.sums(drawn.scores.stats.as_metrics())
         self.reward_failures.check(self.step + 1, metrics)
-        return metrics | times | throughput_metrics(metrics["rollout/tokens"], self.world, times)
+        # Asynchronous: the rollout's throughput over its own time in the producer, not the wait.
+        drawn_time = {"time/rollout_s": metrics["async/rollout_s"]} if self.staleness else {}
+        throughput = throughput_metrics(metrics["rollout/tokens"], self.world, times | drawn_time)
+        return metrics | times | throughput
 
     # ---- the phases -------------------------------------------------------------------------
 
     def _sample(self, timer: PhaseTimer) -> Sampled:
-        """This step's rollouts and rewards: one round of prompts, or with dynamic sampling as
+        """This step's rollouts and rewards: drawn now (synchronous), or, asynchronous, the
+        producer's draw, waited for in the rollout phase; then at once its acceptance (on the
+        rows' own weights), the controller's move and the next step's draw, which so overlaps
+        the rest of this step."""
+        if not self.staleness:
+            return self._draw(timer)
+        with timer("rollout"):
+            drawn = self.pipeline.result(self.step)
+        sampled = drawn.sampled
+        prompts, rollout = sampled.train.prompts, sampled.train.rollout
+        with timer("monitor"):  # the rows against the dense policy of their own weights
+            acceptance = self.monitor.measure_same_weights(
+                self.step,
+                [p.token_ids for p in prompts],
+                rollout.batch,
+                rollout.plan,
+                drawn.same_weights,
+                rollout.stats,
+            )
+        with timer("control"):  # this step's acceptance sets the next rollout's schedule
+            control = self.steering.update(rollout.batch, acceptance.stats)
+            if self.step + 1 < self.cfg.rl.steps:  # none past the last step
+                self.pipeline.submit(self.step + 1)
+        sampled.steered = (acceptance, control)
+        versions = rollout.batch.weight_version
+        assert versions is not None, "collated with the engine's weight version"
+        sampled.metrics |= drawn.times | staleness_metrics(self.step, versions, self.ranks)
+        return sampled
+
+    def _draw_step(self, step: int) -> DrawnStep:
+        """The producer's work for step `step` (in its thread, on the engine's weights of now):
+        the rounds and rewards, then the dense replay of the trained rows' monitored share on
+        the same weights (monitor/same_weights.py); the kept logits freed."""
+        timer = PhaseTimer()
+        sampled = self._draw(timer)
+        rollout = sampled.train.rollout
+        with timer("same_weights"):
+            same = same_weights_dense(
+                self.engine,
+                rollout.batch,
+                rollout.plan,
+                self.cfg.rollout.temperature,
+                self.cfg.rollout.engine.topk_logprobs,
+                self.cfg.monitor.exact_fraction,
+            )
+            sampled.free_logits()
+        # async/<phase>_s in the producer's thread, async/draw_s the whole draw
+        times = {k.replace("time/", "async/"): v for k, v in timer.metrics().items()}
+        times["async/draw_s"] = times.pop("async/step_s")
+        return DrawnStep(step, sampled, self.engine_version, same, times)
+
+    def _draw(self, timer: PhaseTimer) -> Sampled:
+        """One step's rollouts and rewards: one round of prompts, or with dynamic sampling as
         many rounds as it takes to fill the step with groups that carry signal."""
 
         def draw() -> Round:
@@ -272,6 +350,7 @@ class GRPOTrainer:
             outputs,
             self.tokenizer.pad_token_id,
             [group_offset + o.prompt_index for o in outputs],
+            weight_version=self.engine_version,  # unchanged while a draw runs (pipeline.wait)
         )
         return Rollout(outputs, batch, plan, stats)
 
@@ -360,7 +439,9 @@ class GRPOTrainer:
     def _sync_engine(self, weights: dict | None = None, theta_changed: bool = True) -> None:
         """The rollout policy's weights into the engine: theta (`weights`, gathered when not
         given; skipped when not `theta_changed`); with DistillSparse also phi, unmerged and gated
-        to sparse decode steps (distill.gate), or merged into theta."""
+        to sparse decode steps (distill.gate), or merged into theta. Waits for an in-flight
+        rollout first: the engine's weights never change under a generate."""
+        self.pipeline.wait()
         if self.distill is not None and not self.distill.cfg.gate:
             self.engine.update_weights(self.distill.merged_state_dict())
             return

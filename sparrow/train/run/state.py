@@ -20,16 +20,32 @@ class RunState:
     `cfg`: the run's config (run_dir, resume, resume_mismatch; stored whole in the run dir);
     `parts`: the objects whose state a checkpoint holds — `actor` (save_checkpoint,
     load_checkpoint), `prompts`, `steering` (its controller), `engine` (num_generate_calls),
-    `distill` (or None), `baseline` (the first evaluation's scores) and `logger` (the step's row,
-    the history cut back on resume).
+    `distill` (or None), `baseline` (the first evaluation's scores), `logger` (the step's row,
+    the history cut back on resume) and `pending_rollout` (or None: the asynchronous loop's
+    rollout producer, whose finished draw of the next step is saved and handed back on resume:
+    its prompts and sampling calls are already spent, so the resumed run trains those rows).
     """
 
-    def __init__(self, cfg, ranks, *, actor, prompts, steering, engine, distill, baseline, logger):
+    def __init__(
+        self,
+        cfg,
+        ranks,
+        *,
+        actor,
+        prompts,
+        steering,
+        engine,
+        distill,
+        baseline,
+        logger,
+        pending_rollout=None,
+    ):
         self.cfg, self.ranks = cfg, ranks
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.rl.keep_last)
         self.actor, self.prompts, self.steering, self.engine = actor, prompts, steering, engine
         self.distill, self.baseline, self.logger = distill, baseline, logger
+        self.pending_rollout = pending_rollout
         self.step = 0
         self.nonfinite_streak = 0
 
@@ -43,6 +59,9 @@ class RunState:
             "first_eval": self.baseline.scores,
             "distill": None if self.distill is None else self.distill.state_dict(),
             "metrics_row": self._step_row(),
+            "pending_rollout": None
+            if self.pending_rollout is None
+            else self.pending_rollout.state_dict(),
         }
 
     def _step_row(self) -> dict | None:
@@ -99,6 +118,8 @@ class RunState:
         self.nonfinite_streak = state["nonfinite_streak"]
         self.baseline.scores = state.get("first_eval")
         self.step = loaded.step
+        if self.pending_rollout is not None:
+            self.pending_rollout.load_state_dict(state.get("pending_rollout"))
         if self.distill is not None:
             if state.get("distill") is not None:
                 self.distill.load_state_dict(state["distill"])
