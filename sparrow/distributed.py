@@ -50,15 +50,27 @@ def all_reduce_host(t: Tensor, op=dist.ReduceOp.SUM) -> Tensor:
     return reduced.cpu()
 
 
+class PeerLost(RuntimeError):
+    """A collective of a standalone group (sparrow.cluster.Link, called on the group itself, not
+    through torch.distributed's functions) failed because another rank was lost."""
+
+
+def peer_lost_words(err: BaseException) -> bool:
+    """Whether `err`'s text is how gloo and NCCL word a lost connection or a timeout."""
+    return any(words in str(err).lower() for words in _PEER_LOST)
+
+
 def lost_peer(err: BaseException) -> bool:
     """Whether `err` is a collective that failed because another rank died or stopped answering:
     raised inside torch.distributed, in the words gloo and NCCL use for a lost connection or a
-    timeout (a collective called wrongly, a bug, raises there too, in other words)."""
+    timeout (a collective called wrongly, a bug, raises there too, in other words), or PeerLost."""
+    if isinstance(err, PeerLost):
+        return True
     if not isinstance(err, RuntimeError) or err.__traceback__ is None:
         return False
     *_, (frame, _) = traceback.walk_tb(err.__traceback__)  # the innermost frame
     inside = Path(frame.f_code.co_filename).parts[-3:-1] == ("torch", "distributed")
-    return inside and any(words in str(err).lower() for words in _PEER_LOST)
+    return inside and peer_lost_words(err)
 
 
 def rank_seed(seed: int, rank: int) -> int:

@@ -5,7 +5,8 @@ The direction: kernels -> rollout -> control -> rl -> distill, monitor -> train 
 bench, experiments. A package imports only packages of a lower rank (and itself); packages of one
 rank do not import each other. `models` (loading weights, the model shape), `tasks` (prompts,
 rewards) and the leaf modules `distributed.py` (collectives over ranks) and `malloc.py` depend on
-no other part of sparrow, so they sit at the bottom beside kernels. The run's config is
+no other part of sparrow, so they sit at the bottom beside kernels; `cluster.py` (rollout ranks
+apart from training ranks) imports only distributed.py and ranks beside rollout. The run's config is
 train/config.py, ranked with train like any module (no exception). Inside train/ the same rule
 holds one level down: run/ (the run dir's lifecycle) -> logs/ -> config.py -> memory/ -> the loop's
 modules (the rest of train/). No import cycle among the modules. Each package's and subpackage's
@@ -29,6 +30,7 @@ RANK = {
     "tasks": 0,
     "malloc": 0,
     "distributed": 0,
+    "cluster": 1,
     "rollout": 1,
     "control": 2,
     "rl": 3,

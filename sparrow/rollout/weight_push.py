@@ -1,29 +1,39 @@
 """The policy's weights from a training rank to the rollout ranks, in buckets, over
 torch.distributed (gloo on CPU, NCCL on GPU).
 
-A push is a sequence of messages broadcast from one sender (`src`) over a process group that
-holds it and the rollout ranks: each message is a small pickled header (what the flat buffer
-holds: name, full shape, start and length of the piece) and then one flat buffer of at most
-`bucket_bytes` in the engine's dtype; a header None ends the push. A tensor larger than a bucket
-travels in several pieces, which the receiver stages until the tensor is whole. The receiver
-loads each message's whole tensors into its engine as they arrive (repacking the linear backend
-once at the end), so neither side ever holds more than a bucket in flight besides the engine's own
-weights and one staged tensor. The buckets come from the caller (the actor yields its
-parameters one gathered bucket at a time, sparrow.rl.actor.DenseActor.weight_buckets);
-`plan_buckets` is the grouping both use.
+A push is a sequence of messages broadcast from one sender (`src`) over a link that holds it and
+the rollout ranks (sparrow.cluster.Link, or anything with its two broadcasts): each message is a
+small pickled header (what the flat buffer holds: name, full shape, start and length of the
+piece) and then one flat buffer of at most `bucket_bytes` in the engine's dtype; a header None
+ends the push. A tensor larger than a bucket travels in several pieces, which the receiver stages
+until the tensor is whole. The receiver loads each message's whole tensors into its engine as
+they arrive (repacking the linear backend once at the end), so neither side ever holds more than
+a bucket in flight besides the engine's own weights and one staged tensor. The buckets come from
+the caller (the actor yields its parameters one gathered bucket at a time,
+sparrow.rl.actor.DenseActor.weight_buckets); `plan_buckets` is the grouping both use.
 """
 
 import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 # One piece of a message: HF name, the tensor's full shape, start and length in its flat view.
 Piece = tuple[str, tuple[int, ...], int, int]
+
+
+class Link(Protocol):
+    """What a push needs of its group (sparrow.cluster.Link has it)."""
+
+    device: torch.device  # where the group's backend moves tensors
+
+    def broadcast(self, tensor: Tensor, root: int) -> None: ...
+
+    def broadcast_object(self, obj: Any, root: int) -> Any: ...
 
 
 @dataclass
@@ -55,19 +65,12 @@ class WeightPush:
     """One sender -> every other rank of `group`: `send` on the sender, `receive` on the others,
     called once per weight version on every rank of the group."""
 
-    def __init__(
-        self,
-        group: dist.ProcessGroup | None,
-        src: int,
-        bucket_bytes: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ):
-        """group: the sender and the rollout ranks (None: the default group); src: the sender's
-        global rank; dtype: the engine's; device: where the group's backend moves tensors."""
+    def __init__(self, link: Link, src: int, bucket_bytes: int, dtype: torch.dtype):
+        """link: the sender and the rollout ranks; src: the sender's rank in it; dtype: the
+        engine's."""
         if bucket_bytes < dtype.itemsize:
             raise ValueError(f"a bucket of {bucket_bytes} bytes holds no {dtype} element")
-        self.group, self.src, self.dtype, self.device = group, src, dtype, device
+        self.link, self.src, self.dtype, self.device = link, src, dtype, link.device
         self.bucket_bytes = bucket_bytes
         self.cap = bucket_bytes // dtype.itemsize  # elements per message
 
@@ -83,7 +86,7 @@ class WeightPush:
                     flat[at : at + n].copy_(tensor.detach().reshape(-1)[first : first + n])
                     at += n
                 self._header(pieces)
-                dist.broadcast(flat, self.src, group=self.group)
+                self.link.broadcast(flat, self.src)
                 sent, messages = sent + flat.numel() * self.dtype.itemsize, messages + 1
         self._header(None)
         return PushStats(time.perf_counter() - start, sent, messages)
@@ -101,7 +104,7 @@ class WeightPush:
         staged: dict[str, Tensor] = {}  # name -> (numel,) flat, filled piece by piece
         while (pieces := self._header()) is not None:
             flat = torch.empty(sum(p[3] for p in pieces), dtype=self.dtype, device=self.device)
-            dist.broadcast(flat, self.src, group=self.group)
+            self.link.broadcast(flat, self.src)
             stats.bytes += flat.numel() * self.dtype.itemsize
             stats.messages += 1
             whole = self._unpack(pieces, flat, staged)
@@ -152,6 +155,4 @@ class WeightPush:
 
     def _header(self, pieces: list[Piece] | None = None) -> list[Piece] | None:
         """The next message's pieces from the sender (None: the push is over)."""
-        box: list = [pieces]
-        dist.broadcast_object_list(box, src=self.src, group=self.group, device=self.device)
-        return box[0]
+        return self.link.broadcast_object(pieces, self.src)
