@@ -12,6 +12,9 @@ PHASE (inside training step STEP unless said otherwise; `none` never pauses):
                 rl.dynamic_sampling: mid-way through the step's second round of prompts)
     update      inside actor.train_step, after the first micro-batch's backward pass and before
                 the second micro-batch's loss (gradients half accumulated, no optimizer step yet)
+    overlap     rl.async.staleness=1: `update` of step STEP while the producer's thread is in
+                the third decode step of step STEP+1's rollout (both threads frozen there: the
+                kill lands with a rollout in flight)
     checkpoint  the actor's DeepSpeed files are written into step_XXXXXX.tmp, no COMPLETE marker
     rename      the COMPLETE marker is written, the .tmp directory is not yet renamed
     export      the final policy export has written the model's weights, not yet its tokenizer
@@ -37,10 +40,12 @@ reaches its phase is bit-identical to a plain one; the library knows nothing abo
 import json
 import os
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
 
+import sparrow.train.build
 import sparrow.train.evaluation
 import sparrow.train.trainer
 from sparrow.cli.train import main
@@ -50,13 +55,26 @@ from sparrow.rollout.model_runner import ModelRunner
 from sparrow.tasks.rewards import RewardResult, register_reward
 from sparrow.train.trainer import GRPOTrainer
 
-PHASES = ("none", "load", "eval", "rollout", "round", "update", "checkpoint", "rename", "export")
+PHASES = (
+    "none",
+    "load",
+    "eval",
+    "rollout",
+    "round",
+    "update",
+    "overlap",
+    "checkpoint",
+    "rename",
+    "export",
+)
 
 
 class _Run:
     step = 0  # the training step in flight (1-based, as logged)
     generates = 0  # engine.generate calls in the step so far
     decodes_in_rollout: int | None = None  # decode calls since the generate that pauses
+    producer_decodes = 0  # decode calls of the producer's thread in the rollout `overlap` waits on
+    producer_mid = threading.Event()  # set when that thread is frozen mid-rollout
 
 
 def _pause(phase: str, step: int, marker: Path) -> None:
@@ -87,7 +105,7 @@ def install(phase: str, target: int, marker: Path) -> None:
     real_actor_step = DenseActor.train_step
     real_save = DenseActor.save_checkpoint
     real_replace = os.replace
-    real_load_model = sparrow.train.trainer.load_model
+    real_load_model = sparrow.train.build.load_model
     real_evaluate = sparrow.train.evaluation.evaluate
     real_export = DenseActor.export_hf
 
@@ -123,6 +141,13 @@ def install(phase: str, target: int, marker: Path) -> None:
 
     def decode(self, *args, **kwargs):
         logits = real_decode(self, *args, **kwargs)
+        # The asynchronous producer names its thread rollout-<0-based step>: step target + 1.
+        if phase == "overlap" and threading.current_thread().name == f"rollout-{target}":
+            _Run.producer_decodes += 1
+            if _Run.producer_decodes == 3:
+                _Run.producer_mid.set()
+                while True:  # frozen mid-rollout until the update's pause is SIGKILLed
+                    time.sleep(0.1)
         if _Run.decodes_in_rollout is not None:
             _Run.decodes_in_rollout += 1
             if _Run.decodes_in_rollout == 3:
@@ -130,7 +155,7 @@ def install(phase: str, target: int, marker: Path) -> None:
         return logits
 
     def actor_step(self, micro_batches, loss_fn, *args, **kwargs):
-        if phase != "update" or _Run.step != target:
+        if phase not in ("update", "overlap") or _Run.step != target:
             return real_actor_step(self, micro_batches, loss_fn, *args, **kwargs)
         if len(micro_batches) < 2:
             raise SystemExit("pause_at update needs at least two micro-batches")
@@ -139,6 +164,8 @@ def install(phase: str, target: int, marker: Path) -> None:
         def paused_loss(*loss_args):
             calls.append(1)
             if len(calls) == 2:
+                if phase == "overlap" and not _Run.producer_mid.wait(300):
+                    raise SystemExit("pause_at overlap: no rollout of the next step in flight")
                 _pause(phase, target, marker)
             return loss_fn(*loss_args)
 
@@ -155,7 +182,7 @@ def install(phase: str, target: int, marker: Path) -> None:
         return real_replace(src, dst, *args, **kwargs)
 
     GRPOTrainer.train_step = train_step
-    sparrow.train.trainer.load_model = load_model
+    sparrow.train.build.load_model = load_model  # the run is loaded in build.prepare_run
     sparrow.train.trainer.evaluate = evaluate
     DenseActor.export_hf = export_hf
     LLMEngine.generate = generate

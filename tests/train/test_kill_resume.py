@@ -173,3 +173,61 @@ def test_sigkill_mid_round_of_dynamic_sampling_resumes_exactly(tmp_path):
             assert got[s][key] == expected[s][key], (s, key)
     weights = "policy/model.safetensors"
     assert (killed / weights).read_bytes() == (straight / weights).read_bytes()
+
+
+ASYNC = [
+    "preset=tiny",
+    "rl.steps=5",
+    "rl.save_every=1",
+    "rl.eval.every=0",
+    "rl.async.staleness=1",
+    "rl.reward.name=test_length",  # scores vary within groups: the weights really move
+]
+
+
+@pytest.mark.slow
+def test_sigkill_with_the_next_rollout_in_flight_resumes_exactly(tmp_path):
+    """rl.async.staleness=1 (issue 51 item 4): a SIGKILL in step 3's update while step 4's
+    rollout runs in the producer's thread (both frozen there), then resume=auto, equals the
+    uninterrupted run: every step's metrics and the final weights. The checkpoint of step 2
+    holds step 3's finished draw (sampled by the weights of step 1), which the resumed run
+    trains instead of drawing again; step 4's lost draw is redrawn from the same stream."""
+    straight = tmp_path / "straight"
+    cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(tmp_path / "none.paused"), *ASYNC]
+    proc = _launch([*cmd, f"run_dir={straight}"], tmp_path / "straight")
+    assert proc.wait(timeout=1200) == 0, (tmp_path / "straight.err").read_text()[-3000:]
+    expected = _rows_by_step(straight)
+
+    killed = tmp_path / "killed"
+    marker = tmp_path / "kill.paused"
+    cmd = [sys.executable, str(PAUSE_AT), "overlap", "3", str(marker), *ASYNC]
+    proc = _launch([*cmd, f"run_dir={killed}"], tmp_path / "kill")
+    deadline = time.monotonic() + 1200
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), (tmp_path / "kill.err").read_text()[-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    _assert_torn_state(killed, "update", 3)
+    import torch
+
+    state = torch.load(killed / "checkpoints/step_000002/trainer_state.pt", weights_only=False)
+    pending = state["pending_rollout"]["drawn"]  # step 3's draw (0-based 2), finished
+    assert (pending.step, pending.version) == (2, 1)
+    assert pending.sampled.train.rollout.batch.weight_version.tolist() == [1] * 16
+
+    cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(tmp_path / "none2.paused"), *ASYNC]
+    proc = _launch([*cmd, f"run_dir={killed}"], tmp_path / "resume")
+    assert proc.wait(timeout=1200) == 0, (tmp_path / "resume.err").read_text()[-3000:]
+    resumed = f"resumed from {killed / 'checkpoints' / 'step_000002'} at step 2"
+    assert resumed in (tmp_path / "resume.out").read_text()
+    got = _rows_by_step(killed)
+    assert sorted(got) == sorted(expected) == [1, 2, 3, 4, 5]
+    keys = ("loss/loss", "reward/mean", "update/grad_norm", "rollout/tokens", "accept/p5_min")
+    keys += ("async/staleness", "correction/weight_max", "correction/weight_min")
+    for s in expected:
+        for key in keys:
+            assert got[s][key] == expected[s][key], (s, key)
+    assert [expected[s]["async/staleness"] for s in expected] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    weights = "policy/model.safetensors"
+    assert (killed / weights).read_bytes() == (straight / weights).read_bytes()
