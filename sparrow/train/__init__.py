@@ -8,6 +8,7 @@
     step_report.py     rollout metrics, the plan line, the step and eval console lines
     dynamic_sampling.py `Rollout` (one round) and DAPO's rounds until the ranks hold signal groups
     rollout_pipeline.py the asynchronous loop's rollout producer: the next step's draw in a thread
+    remote_rollouts.py the same producer served by rollout ranks apart from the trainers
     phase_timer.py     wall time per phase; the phases tile the step
     evaluation.py      held-out accuracy with a Wilson interval, paired to the first evaluation
     run/               the run directory's lifecycle: checkpoints, run state, stored config,

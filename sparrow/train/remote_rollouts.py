@@ -1,0 +1,137 @@
+"""The rollout producer on rollout ranks apart from the trainers (sparrow/cluster.py's roles): the
+training side's `RemoteRollouts` answers rollout_pipeline.RolloutPipeline's calls, and each
+rollout rank runs `serve_rollouts`, which draws and loads pushed weights in the order the trainers
+ask, one request at a time.
+
+Every exchange is a request that training rank 0 broadcasts over the bridge (all ranks of the
+world receive it, the other trainers too, so that every rank calls the same collectives):
+
+    ("draw", step, payload)   start drawing `step` on the engine's current weights; payload:
+                              what the trainer's draw needs (picklable, opaque here)
+    ("push", version)         load the weights training rank 0 now pushes (rollout/weight_push.py)
+    ("rows", step)            hand over `step`'s DrawnStep (bridge gather)
+    ("stop",)                 the trainers are done
+
+A rollout rank handles a request only after the previous one is done, so its engine never
+changes under a draw (the in-process pipeline's `wait()` before a weight change), and a draw
+requested before an update runs while the trainers update: step t+1's rollout during update t.
+Rollout rank i draws training rank i's share (as many rollout as training ranks, paired).
+"""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sparrow.cluster import Roles
+from sparrow.rollout.weight_push import PushStats, WeightPush
+from sparrow.train.rollout_pipeline import DrawnStep
+
+# draw(step, payload, version) -> DrawnStep: the rollout rank's work for one step.
+Draw = Callable[[int, Any, int], DrawnStep]
+
+
+class RemoteRollouts:
+    """RolloutPipeline's interface on a training rank, served by the rollout ranks."""
+
+    def __init__(
+        self,
+        roles: Roles,
+        payload: Callable[[int], Any],
+        bucket_bytes: int,
+        dtype: torch.dtype,
+    ):
+        """payload(step): what the rollout ranks' draw of `step` needs (asked at submit time);
+        bucket_bytes, dtype: the weight push's bucket and the engine's dtype."""
+        if roles.role != "train":
+            raise ValueError("RemoteRollouts runs on training ranks; rollout ranks serve")
+        trainers = roles.world_size - roles.rollout_ranks
+        if trainers != roles.rollout_ranks:
+            raise ValueError(
+                f"{trainers} training and {roles.rollout_ranks} rollout ranks: rollout rank i "
+                "draws training rank i's share, so there must be as many of each"
+            )
+        self.roles, self._payload = roles, payload
+        self.push_link = roles.push  # training rank 0 only
+        self.bucket_bytes, self.dtype = bucket_bytes, dtype
+        self._step: int | None = None  # the step submitted and not taken
+
+    @property
+    def pending(self) -> int | None:
+        return self._step
+
+    def submit(self, step: int) -> None:
+        """The rollout ranks start drawing `step` (they are busy until it is done)."""
+        if self._step is not None:
+            raise RuntimeError(f"step {self._step}'s rollout is still pending, not {step}'s")
+        self._request(("draw", step, self._payload(step)))
+        self._step = step
+
+    def wait(self) -> float:
+        """Nothing to wait for here: a rollout rank loads a push only after its draw."""
+        return 0.0
+
+    def result(self, step: int) -> DrawnStep:
+        """`step`'s rollout from this rank's paired rollout rank (drawn now if not submitted)."""
+        if self._step is None:
+            self.submit(step)
+        if self._step != step:
+            raise RuntimeError(f"step {self._step}'s rollout is pending, step {step} asked")
+        self._request(("rows", step))
+        drawn = self.roles.bridge.gather_objects(None)
+        self._step = None
+        trainers = self.roles.world_size - self.roles.rollout_ranks
+        return drawn[trainers + self.roles.world_rank]
+
+    def push(self, buckets, version: int) -> dict[str, float]:
+        """The weights of `version` (every training rank draws `buckets`: a collective under
+        ZeRO-3; training rank 0 sends them) into the rollout ranks' engines; the push metrics."""
+        self._request(("push", version))
+        if self.push_link is not None:
+            stats = WeightPush(self.push_link, 0, self.bucket_bytes, self.dtype).send(buckets)
+        else:
+            start = time.perf_counter()
+            for _ in buckets:
+                pass
+            stats = PushStats(time.perf_counter() - start, 0, 0)
+        return {"sync/push_s": stats.seconds, "sync/push_bytes": float(stats.bytes)}
+
+    def close(self) -> None:
+        """Let the rollout ranks go (the trainers' loop is over)."""
+        self._request(("stop",))
+
+    def state_dict(self) -> dict | None:
+        """Nothing: a draw in flight is drawn again after a resume, from the same payload."""
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        self._step = None
+
+    def _request(self, request: tuple) -> None:
+        self.roles.bridge.broadcast_object(request, 0)
+
+
+def serve_rollouts(roles: Roles, engine, draw: Draw, bucket_bytes: int) -> int:
+    """A rollout rank's loop: requests from training rank 0 until "stop"; returns how many
+    steps it drew. `engine`: this rank's LLMEngine, loaded by the pushes."""
+    assert roles.role == "rollout" and roles.push is not None
+    dtype = engine.runner.model.dtype
+    version, drawn, steps = 0, None, 0
+    while True:
+        request = roles.bridge.broadcast_object(None, 0)
+        kind = request[0]
+        if kind == "draw":
+            drawn = draw(request[1], request[2], version)
+            steps += 1
+        elif kind == "push":
+            WeightPush(roles.push, 0, bucket_bytes, dtype).receive(engine)
+            version = request[1]
+        elif kind == "rows":
+            assert drawn is not None and drawn.step == request[1], "rows before their draw"
+            roles.bridge.gather_objects(drawn)
+            drawn = None
+        elif kind == "stop":
+            return steps
+        else:
+            raise ValueError(f"unknown request {kind!r}")
