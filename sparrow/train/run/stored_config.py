@@ -25,6 +25,7 @@ RUN_KEYS = (
     "rl.loss.",
     "rl.correction.",
     "rl.dynamic_sampling.",
+    "rl.async_rollout.",  # stale rows train differently; a checkpoint may hold the next draw
     "rl.advantage.",
     "rl.reward.",
     "rollout.max_new_tokens",

@@ -83,3 +83,14 @@ def test_cli_refuses_a_changed_resume_in_one_line(capsys, tmp_path):
         assert key in lines[0] and "resume_mismatch=allow" in lines[0]
     assert main([*TINY, *run, "rl.steps=2", "rl.group_size=2", "resume_mismatch=allow"]) == 0
     assert f"resumed from {tmp_path / 'checkpoints' / 'step_000001'}" in capsys.readouterr().out
+
+
+def test_the_staleness_changes_the_run():
+    """A run resumed at another rl.async.staleness would train fresh rows where the first one
+    trained stale ones (and leave the checkpoint's drawn next step unused): refused by default."""
+    from sparrow.train.config import AsyncConfig
+    from sparrow.train.run.stored_config import differing_keys
+
+    base = SparrowConfig()
+    stale = replace(base, rl=replace(base.rl, async_rollout=AsyncConfig(staleness=1)))
+    assert differing_keys(asdict(base), asdict(stale)) == ["rl.async_rollout.staleness: 0 -> 1"]
