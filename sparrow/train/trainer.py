@@ -114,6 +114,9 @@ class GRPOTrainer:
         self.staleness = cfg.rl.async_rollout.staleness
         if self.staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
             raise ValueError("rl.async.staleness=1 runs on one process (WORLD_SIZE=1) for now")
+        if self.staleness and self.distill is not None and not self.distill.cfg.gate:
+            # The same-weights replay is the engine's dense decode: theta + phi once merged.
+            raise ValueError("rl.async.staleness=1 needs distill.gate=true (phi unmerged)")
         self.engine_version = 0  # the step whose weights the engine holds (rows' weight_version)
         # The asynchronous loop's rollout producer (rl.async.staleness=1; idle at 0).
         self.pipeline = RolloutPipeline(self._draw_step)

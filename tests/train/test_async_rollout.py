@@ -10,6 +10,7 @@ naive path, the trainer's newer dense policy against those rows, measures the dr
 import json
 import math
 
+import pytest
 import torch
 from fake_actor import FakeActor
 from test_loop_fake_actor import OVERRIDES, _parity
@@ -95,3 +96,10 @@ def test_two_async_runs_are_the_same_run(tmp_path):
     assert a[1]["async/staleness"] == 1.0 and a[1]["correction/weight_max"] != 1.0
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name
+
+
+def test_a_merged_adapter_is_refused(tmp_path):
+    """With phi merged into the engine's weights its dense decode is theta + phi, so the
+    same-weights replay would not be the dense policy: refused (the gated adapter is fine)."""
+    with pytest.raises(ValueError, match="needs distill.gate=true"):
+        _trainer(tmp_path, "distill=default", "distill.gate=false")
