@@ -7,6 +7,7 @@
     sparrow-bench distill-attention [--help]  DistillSparse's sparse attention: memory, time
     sparrow-bench kernel [--help]             paged sparse vs dense decode: time, bytes, HBM
     sparrow-bench prefix [--help]             few-shot prompts, shared prefix on vs off
+    sparrow-bench push [--help]               weight push to a rollout rank vs colocated sync
     sparrow-bench rollout [--help]            engine vs HF generate; sparse vs dense decode, p5
     sparrow-bench step [--help]               one GRPO step, sparse vs dense rollouts: phases
 
@@ -29,6 +30,7 @@ COMMANDS = {
     "distill-attention": "sparrow.bench.distill_attention",  # DistillSparse attention: memory, time
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
     "prefix": "sparrow.bench.prefix",  # generate on few-shot prompts, shared prefix on vs off
+    "push": "sparrow.bench.push",  # the weight push per bucket size vs the colocated sync
     "rollout": "sparrow.bench.rollout",  # engine vs HF generate; sparse vs dense decode + p5
     "step": "sparrow.bench.step",  # one GRPO step, sparse vs dense rollouts: phases, speedups
 }

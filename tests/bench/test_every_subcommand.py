@@ -93,6 +93,13 @@ TINY: dict[str, list[Run]] = {
             "prefix_tokens shared_s full_s ratio same_tokens",
         ),
     ],
+    "push": [  # the report's push time and bytes per bucket size (issue 51 item 3)
+        Run(
+            "push --model tiny-llama --bucket-mb 0.01 1 --repeats 1 --json JSON_PATH",
+            "colocated_s buckets.*.send_s buckets.*.receive_s buckets.*.bytes "
+            "buckets.*.messages buckets.*.push_vs_colocated",
+        ),
+    ],
     "rollout": [  # docs/bench_rollout/README.md: engine / HF, sparse / dense, p5
         Run(
             "rollout --model tiny-qwen3 --batch 1 --prompt-tokens 8 --new-tokens 2 "
