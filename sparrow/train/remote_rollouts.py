@@ -6,8 +6,9 @@ ask, one request at a time.
 Every exchange is a request that training rank 0 broadcasts over the bridge (all ranks of the
 world receive it, the other trainers too, so that every rank calls the same collectives):
 
-    ("draw", step, payload)   start drawing `step` on the engine's current weights; payload:
-                              what the trainer's draw needs (picklable, opaque here)
+    ("draw", step)            start drawing `step` on the engine's current weights, with each
+                              trainer's payload (what its draw needs; picklable, opaque here),
+                              gathered over the bridge right after
     ("push", version)         load the weights training rank 0 now pushes (rollout/weight_push.py)
     ("rows", step)            hand over `step`'s DrawnStep (bridge gather)
     ("stop",)                 the trainers are done
@@ -15,7 +16,8 @@ world receive it, the other trainers too, so that every rank calls the same coll
 A rollout rank handles a request only after the previous one is done, so its engine never
 changes under a draw (the in-process pipeline's `wait()` before a weight change), and a draw
 requested before an update runs while the trainers update: step t+1's rollout during update t.
-Rollout rank i draws training rank i's share (as many rollout as training ranks, paired).
+Rollout rank r serves the training ranks i with i % R == r (R rollout ranks; fewer rollout than
+training ranks is the point of sparse rollouts), drawing their shares one after the other.
 """
 
 import time
@@ -46,12 +48,6 @@ class RemoteRollouts:
         bucket_bytes, dtype: the weight push's bucket and the engine's dtype."""
         if roles.role != "train":
             raise ValueError("RemoteRollouts runs on training ranks; rollout ranks serve")
-        trainers = roles.world_size - roles.rollout_ranks
-        if trainers != roles.rollout_ranks:
-            raise ValueError(
-                f"{trainers} training and {roles.rollout_ranks} rollout ranks: rollout rank i "
-                "draws training rank i's share, so there must be as many of each"
-            )
         self.roles, self._payload = roles, payload
         self.push_link = roles.push  # training rank 0 only
         self.bucket_bytes, self.dtype = bucket_bytes, dtype
@@ -65,7 +61,8 @@ class RemoteRollouts:
         """The rollout ranks start drawing `step` (they are busy until it is done)."""
         if self._step is not None:
             raise RuntimeError(f"step {self._step}'s rollout is still pending, not {step}'s")
-        self._request(("draw", step, self._payload(step)))
+        self._request(("draw", step))
+        self.roles.bridge.gather_objects(self._payload(step))
         self._step = step
 
     def wait(self) -> float:
@@ -79,10 +76,10 @@ class RemoteRollouts:
         if self._step != step:
             raise RuntimeError(f"step {self._step}'s rollout is pending, step {step} asked")
         self._request(("rows", step))
-        drawn = self.roles.bridge.gather_objects(None)
+        served = self.roles.bridge.gather_objects(None)
         self._step = None
-        trainers = self.roles.world_size - self.roles.rollout_ranks
-        return drawn[trainers + self.roles.world_rank]
+        rank, trainers = self.roles.world_rank, _trainers(self.roles)
+        return served[trainers + rank % self.roles.rollout_ranks][rank]
 
     def push(self, buckets, version: int) -> dict[str, float]:
         """The weights of `version` (every training rank draws `buckets`: a collective under
@@ -117,21 +114,29 @@ def serve_rollouts(roles: Roles, engine, draw: Draw, bucket_bytes: int) -> int:
     steps it drew. `engine`: this rank's LLMEngine, loaded by the pushes."""
     assert roles.role == "rollout" and roles.push is not None
     dtype = engine.runner.model.dtype
+    trainers = _trainers(roles)
+    mine = [i for i in range(trainers) if i % roles.rollout_ranks == roles.world_rank - trainers]
     version, drawn, steps = 0, None, 0
     while True:
         request = roles.bridge.broadcast_object(None, 0)
         kind = request[0]
         if kind == "draw":
-            drawn = draw(request[1], request[2], version)
+            payloads = roles.bridge.gather_objects(None)
+            drawn = {i: draw(request[1], payloads[i], version) for i in mine}
             steps += 1
         elif kind == "push":
             WeightPush(roles.push, 0, bucket_bytes, dtype).receive(engine)
             version = request[1]
         elif kind == "rows":
-            assert drawn is not None and drawn.step == request[1], "rows before their draw"
+            assert drawn is not None, "rows before their draw"
+            assert all(d.step == request[1] for d in drawn.values()), "rows of another step"
             roles.bridge.gather_objects(drawn)
             drawn = None
         elif kind == "stop":
             return steps
         else:
             raise ValueError(f"unknown request {kind!r}")
+
+
+def _trainers(roles: Roles) -> int:
+    return roles.world_size - roles.rollout_ranks

@@ -1,10 +1,11 @@
-"""Worker for tests/train/test_remote_rollouts.py, under torchrun with 2 or 4 ranks (gloo, CPU):
-half the world trains (a stand-in loop with RolloutPipeline's calls, as the asynchronous
-trainer makes them), the other half serves rollouts (sparrow/train/remote_rollouts.py).
+"""Worker for tests/train/test_remote_rollouts.py, under torchrun with 2 to 4 ranks (gloo, CPU):
+`--rollout-ranks` ranks serve rollouts (sparrow/train/remote_rollouts.py), the others train (a
+stand-in loop with RolloutPipeline's calls, as the asynchronous trainer makes them).
 
 The trainers' "update" adds 1 to every weight of a tiny model, so the engine weights of version v
 are the initial ones + v; it does not finish before the rollout rank has started drawing the
-next step (it waits for the draw's marker file), which would hang if the draw did not overlap it.
+next step (it waits for its own draw's marker file), which would hang if the draw did not
+overlap it.
 A rollout rank's stand-in draw records its step, the payload it was asked with, the weight
 version it holds and its engine's first embedding value. With `--die-in-draw S` the rollout
 ranks exit without a word while drawing step S; each trainer records what its next call raised.
@@ -43,7 +44,7 @@ def rollout_rank(args, roles) -> None:
     role_rank = roles.world_rank - (roles.world_size - roles.rollout_ranks)
 
     def draw(step, payload, version) -> DrawnStep:
-        marker(args.out, step, role_rank).touch()
+        marker(args.out, step, payload["rank"]).touch()
         if step == args.die_in_draw:
             os._exit(0)  # as a SIGKILL would: no goodbye on any link
         embed = float(engine.runner.model.embed[0, 0])
@@ -56,7 +57,10 @@ def rollout_rank(args, roles) -> None:
 def trainer(args, roles) -> None:
     model = tiny_causal_lm("llama", seed=0)
     initial = float(model.model.embed_tokens.weight[0, 0])
-    remote = RemoteRollouts(roles, lambda step: {"asked": step}, BUCKET, torch.float32)
+    rank = roles.world_rank
+    remote = RemoteRollouts(
+        roles, lambda step: {"asked": step, "rank": rank}, BUCKET, torch.float32
+    )
     record = {"initial": initial, "steps": [], "push": [], "raised": None}
     try:
         for step in range(args.steps):
@@ -92,10 +96,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--die-in-draw", type=int, default=-1)
+    parser.add_argument("--rollout-ranks", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    world = int(os.environ["WORLD_SIZE"])
-    roles = split_world(world // 2, "gloo", timedelta(seconds=60))
+    roles = split_world(args.rollout_ranks, "gloo", timedelta(seconds=60))
     (trainer if roles.role == "train" else rollout_rank)(args, roles)
 
 

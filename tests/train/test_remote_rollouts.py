@@ -23,19 +23,24 @@ STEPS = 4
 MODEL_BYTES = 93_248 * 4  # the tiny tied llama's parameters, fp32, each once
 
 
-def torchrun(out: Path, ranks: int, *args: str) -> list[dict]:
+def torchrun(out: Path, ranks: int, rollout: int, *args: str) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
-    cmd += ["--master_port", str(free_port()), str(WORKER), "--out", str(out), *args]
+    cmd += ["--master_port", str(free_port()), str(WORKER), "--out", str(out)]
+    cmd += ["--rollout-ranks", str(rollout), *args]
     proc = subprocess.run(
         cmd, env=clean_env(), cwd=HERE.parents[1], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return [torch.load(out / f"train{r}.pt", weights_only=False) for r in range(ranks // 2)]
+    return [torch.load(out / f"train{r}.pt", weights_only=False) for r in range(ranks - rollout)]
 
 
-@pytest.mark.parametrize("ranks", [2, 4], ids=["1_trainer_1_rollout", "2_trainers_2_rollout"])
-def test_rows_are_one_version_behind_and_drawn_on_the_pushed_weights(tmp_path, ranks):
-    for rank, record in enumerate(torchrun(tmp_path, ranks, "--steps", str(STEPS))):
+@pytest.mark.parametrize(
+    ("ranks", "rollout"),
+    [(2, 1), (3, 1), (4, 2)],
+    ids=["1_trainer_1_rollout", "2_trainers_1_rollout", "2_trainers_2_rollout"],
+)
+def test_rows_are_one_version_behind_and_drawn_on_the_pushed_weights(tmp_path, ranks, rollout):
+    for rank, record in enumerate(torchrun(tmp_path, ranks, rollout, "--steps", str(STEPS))):
         assert record["raised"] is None
         assert [s[0] for s in record["steps"]] == list(range(STEPS))
         for step, version, seen in record["steps"]:
@@ -44,15 +49,15 @@ def test_rows_are_one_version_behind_and_drawn_on_the_pushed_weights(tmp_path, r
             assert version == max(step - 1, 0)
             # The engine held exactly that version's weights (initial + version) for the draw.
             assert seen["embed"] == pytest.approx(record["initial"] + version, abs=1e-6)
-            assert seen["payload"] == {"asked": step}  # what the trainer asked at submit
-            assert seen["rank"] == rank  # rollout rank i draws training rank i's share
+            assert seen["payload"] == {"asked": step, "rank": rank}  # its trainer's, at submit
+            assert seen["rank"] == rank % rollout  # rollout rank r serves trainers i % R == r
         pushed = [p["sync/push_bytes"] for p in record["push"]]
         assert pushed == [MODEL_BYTES if rank == 0 else 0.0] * STEPS  # training rank 0 sends
         assert all(p["sync/push_s"] >= 0 for p in record["push"])
 
 
 def test_a_rollout_rank_lost_mid_draw_stops_the_trainer_as_a_lost_peer(tmp_path):
-    (record,) = torchrun(tmp_path, 2, "--steps", str(STEPS), "--die-in-draw", "2")
+    (record,) = torchrun(tmp_path, 2, 1, "--steps", str(STEPS), "--die-in-draw", "2")
     assert len(record["steps"]) == 2  # steps 0 and 1 arrived; step 2's draw died
     text, lost = record["raised"]
     assert "PeerLost" in text and lost  # the CLI's one-line lost-rank stop, exit code 4
