@@ -87,6 +87,13 @@ TINY: dict[str, list[Run]] = {
             "*.sparse_ms *.dense_ms *.speedup *.sparse_bytes *.dense_bytes",
         ),
     ],
+    "pipeline": [  # docs/pipeline/README.md: steps at staleness 0 vs 1, overlap, step ratio
+        Run(
+            "pipeline --steps 2 --json JSON_PATH preset=tiny",
+            "sync.steps.*.wall_s async1.steps.*.wall_s sync_step_s async_step_s step_speedup "
+            "overlap_s",
+        ),
+    ],
     "prefix": [  # the bench's own table
         Run(
             "prefix --model tiny-qwen3 --prompts 2 --few-shot 1 --new-tokens 2 --json JSON_PATH",
