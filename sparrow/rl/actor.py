@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -53,8 +53,11 @@ from sparrow.rl.micro_batches import (  # noqa: E402
     token_budget_slices,
 )
 from sparrow.rl.policy_logprobs import (  # noqa: E402
+    ForwardScores,
     LogprobOutput,
     PolicyWithLogprobs,
+    RowLogits,
+    Scores,
     check_shared_prompts,
 )
 from sparrow.rollout.weight_push import plan_buckets  # noqa: E402
@@ -171,9 +174,8 @@ class DenseActor:
         outs = []
         for sl in slices:
             mb_groups = None if groups is None else (groups[0][sl], groups[1][sl])
-            outs.append(
-                self._forward(input_ids[sl], attention_mask[sl], topk, temperature, mb_groups)
-            )
+            scores = self._forward(input_ids[sl], attention_mask[sl], topk, temperature, mb_groups)
+            outs.append(LogprobOutput(*scores))
         device = input_ids.device
         columns = (torch.cat([getattr(o, f.name) for o in outs]) for f in fields(LogprobOutput))
         return LogprobOutput(*(c.to(device) for c in columns))
@@ -225,18 +227,31 @@ class DenseActor:
         topk: int,
         temperature: float,
         groups: tuple[Tensor, Tensor] | None = None,
-    ) -> LogprobOutput:
+        exact: tuple[Tensor, RowLogits] | None = None,
+    ) -> Scores:
+        """The policy's scores of one micro-batch (LogprobOutput's fields); `exact`: (the rows'
+        prompt lengths (b,), their rollout logits) adds their exact acceptance as a fifth."""
         device = self.engine.device
-        extra = () if groups is None else tuple(g.to(device) for g in groups)
-        return LogprobOutput(
-            *self.engine(input_ids.to(device), attention_mask.to(device), topk, temperature, *extra)
+        extra: tuple = () if groups is None else tuple(g.to(device) for g in groups)
+        if exact is not None:  # per row: the prompt lengths place the completions
+            extra = (extra or (exact[0].to(device), None)) + (exact[1],)
+        return self.engine(
+            input_ids.to(device), attention_mask.to(device), topk, temperature, *extra
         )
 
     def train_step(
-        self, micro_batches: list[dict[str, Tensor]], loss_fn: LossFn, temperature: float = 1.0
+        self,
+        micro_batches: list[dict[str, Tensor]],
+        loss_fn: LossFn,
+        temperature: float = 1.0,
+        keep: ForwardScores | None = None,
     ) -> dict[str, float]:
         """One optimizer update from `micro_batches` (each holds input_ids and attention_mask,
         and `prompt_lens` and `group_ids` to share each group's prompt, see compute_logprobs).
+
+        keep: gets each micro-batch's detached scores (top-`keep.topk` too), so the step needs
+        no second dense pass (rl.dense_pass=update); with `rollout_logits` in a micro-batch (a
+        list, per row (C_b, V) or None) also its rows' exact acceptance, from the same chunks.
 
         loss_fn(new_logprobs (b, T) fp32 at `temperature`, micro_batch) -> (loss, metrics),
         called with every tensor of the micro-batch on the actor's device; the loss must be
@@ -258,9 +273,8 @@ class DenseActor:
             for mb in micro_batches
         ]  # checked on the host, before any collective
         for i, mb in enumerate(micro_batches):
-            mb = {k: v.to(self.engine.device) for k, v in mb.items()}
-            out = self._forward(mb["input_ids"], mb["attention_mask"], 0, temperature, groups[i])
-            loss, metrics = loss_fn(out.token_logprobs, mb)
+            out, mb = self._train_forward(mb, temperature, groups[i], keep)
+            loss, metrics = loss_fn(out[0], mb)  # the token log-probs, with grad
             self.engine.set_gradient_accumulation_boundary(i == num_micro - 1)
             # DeepSpeed averages gradients over data-parallel ranks; the loss is a share of a
             # global sum, so undo the average. scale_wrt_gas=False: no division by micro-batches.
@@ -269,7 +283,7 @@ class DenseActor:
                 self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
             mask = mb.get("completion_mask", mb["attention_mask"]).bool()
             sums["loss"] += float(loss.detach())
-            sums["entropy_sum"] += float(out.entropy[mask].sum())
+            sums["entropy_sum"] += float(out[3][mask].sum())  # the entropy
             sums["entropy_count"] += float(mask.sum())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
@@ -281,6 +295,24 @@ class DenseActor:
         totals["skipped"] = float(skipped)
         totals["lr"] = self.lr
         return totals
+
+    def _train_forward(
+        self,
+        mb: dict[str, Tensor],
+        temperature: float,
+        groups: tuple[Tensor, Tensor] | None,
+        keep: ForwardScores | None,
+    ) -> tuple[Scores, dict[str, Tensor]]:
+        """train_step's forward of one micro-batch: (its scores, the micro-batch on the
+        device); their detached copy goes to `keep` when given."""
+        row_logits = cast(RowLogits | None, mb.get("rollout_logits"))  # a list, stays on host
+        exact = None if row_logits is None else (mb["prompt_lens"], row_logits)
+        mb = {k: v.to(self.engine.device) for k, v in mb.items() if k != "rollout_logits"}
+        topk = 0 if keep is None else keep.topk
+        out = self._forward(mb["input_ids"], mb["attention_mask"], topk, temperature, groups, exact)
+        if keep is not None:
+            keep.add(out)
+        return out, mb
 
     @property
     def lr(self) -> float:

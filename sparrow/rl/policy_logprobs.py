@@ -19,10 +19,15 @@ every weight. Two layouts of the same computation:
 Every output is (B, T) aligned to the token it describes (position 0 and padding are 0): the
 losses and the monitor read the same tensors in both layouts. Prompt positions are scored once
 per group (prefix positions once per micro-batch) and copied to its rows.
+
+Given the rollout's logits of some rows (`rollout_logits`), the same chunked head also returns
+their exact acceptance sum_v min(p_dense, q_sparse) at completion positions, chunk by chunk from
+the dense log-probs it already holds: the update's forward then serves the monitor too
+(rl.dense_pass=update), with no second dense pass and never a (b, T, V) tensor.
 """
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -31,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
 
+from sparrow.control.acceptance import exact_acceptance
 from sparrow.distributed import Ranks
 
 
@@ -44,7 +50,37 @@ class LogprobOutput:
     entropy: Tensor  # (B, T) fp32, entropy of the distribution at t (nats)
 
 
-Scores = tuple[Tensor, ...]  # LogprobOutput's four fields, in its order
+Scores = tuple[Tensor, ...]  # LogprobOutput's four fields, in its order (+ exact acceptance)
+RowLogits = list[Tensor | None]  # per row: its rollout logits (C_b, V), or None (not measured)
+
+
+class SparseRows(NamedTuple):
+    """The rollout logits the exact acceptance compares with, in the coordinates of one `_score`
+    call: row r's completion token j is scored at column offsets[r] + j."""
+
+    logits: RowLogits  # per row (C_r, V) raw rollout logits, or None
+    offsets: list[int]  # per row, the score column of its first completion token
+
+
+@dataclass
+class ForwardScores:
+    """What an update's forward keeps for the step's other readers (rl.dense_pass=update): the
+    caller asks for the top-`topk`; the actor's train_step adds each micro-batch's detached
+    scores in order (micro-batches are consecutive row ranges), `output` puts them together."""
+
+    topk: int
+    parts: list[Scores] = field(default_factory=list)
+
+    def add(self, scores: Scores) -> None:
+        self.parts.append(tuple(s.detach() for s in scores))
+
+    def output(self, device: torch.device | str = "cpu") -> tuple[LogprobOutput, Tensor | None]:
+        """(the batch's LogprobOutput, its (B, T) exact acceptance or None when not asked)."""
+        columns = [torch.cat([p[i] for p in self.parts]).to(device) for i in range(4)]
+        exact = None
+        if len(self.parts[0]) == 5:
+            exact = torch.cat([p[4] for p in self.parts]).to(device)
+        return LogprobOutput(*columns), exact
 
 
 class PolicyWithLogprobs(nn.Module):
@@ -68,21 +104,35 @@ class PolicyWithLogprobs(nn.Module):
         temperature: float,
         prompt_lens: Tensor | None = None,
         group_ids: Tensor | None = None,
+        rollout_logits: RowLogits | None = None,
     ) -> Scores:
         """LogprobOutput's fields as a tuple: ZeRO-3's hooks only see tensors in tuples.
 
         input_ids, attention_mask (b, T), right-padded. With prompt_lens and group_ids (b,),
         consecutive rows with the same group id share their prompt (checked by
-        `check_shared_prompts` before the call) and it is computed once.
+        `check_shared_prompts` before the call) and it is computed once. With `rollout_logits`
+        (b rows, each (C_r, V) or None; needs prompt_lens) a fifth output: (b, T) fp32 the exact
+        acceptance of the rows given, at their completion positions, 0 elsewhere.
         """
         if prompt_lens is None or group_ids is None:
-            return self._per_row(input_ids, attention_mask, topk, temperature)
+            sparse = None
+            if rollout_logits is not None:
+                assert prompt_lens is not None, "the exact acceptance needs the prompt lengths"
+                # Per row, score column s predicts position s + 1: completion token j (position
+                # prompt_len + j) is column prompt_len - 1 + j.
+                sparse = SparseRows(rollout_logits, [int(p) - 1 for p in prompt_lens.tolist()])
+            return self._per_row(input_ids, attention_mask, topk, temperature, sparse)
         return self._group_shared(
-            input_ids, attention_mask, prompt_lens, group_ids, topk, temperature
+            input_ids, attention_mask, prompt_lens, group_ids, topk, temperature, rollout_logits
         )
 
     def _per_row(
-        self, input_ids: Tensor, attention_mask: Tensor, topk: int, temperature: float
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        topk: int,
+        temperature: float,
+        sparse: SparseRows | None = None,
     ) -> Scores:
         batch, seq_len = input_ids.shape
         # Right padding: positions past the longest real sequence influence nothing, skip them.
@@ -92,7 +142,7 @@ class PolicyWithLogprobs(nn.Module):
             input_ids=ids, attention_mask=attention_mask[:, :used_len].long()
         ).last_hidden_state  # (b, L, H)
         # Hidden state at t - 1 predicts the token at t: targets are positions 1 .. L-1.
-        scores = self._score(hidden[:, :-1], ids[:, 1:], topk, temperature)  # (b, L - 1, ...)
+        scores = self._score(hidden[:, :-1], ids[:, 1:], topk, temperature, sparse)  # (b, L-1,.)
         scored = attention_mask.bool().clone()  # (b, T)
         scored[:, 0] = False
         return tuple(_masked(_pad_to(s, 1, seq_len), scored) for s in scores)  # (b, T, ...)
@@ -105,6 +155,7 @@ class PolicyWithLogprobs(nn.Module):
         group_ids: Tensor,
         topk: int,
         temperature: float,
+        rollout_logits: RowLogits | None = None,
     ) -> Scores:
         seq_len = input_ids.shape[1]
         device = input_ids.device
@@ -125,9 +176,15 @@ class PolicyWithLogprobs(nn.Module):
             1, (prompt_lens[:, None] + offsets).clamp(max=seq_len - 1)
         )  # (b, C)
         completion_ids = torch.where(offsets < shared.completion_lens[:, None], completion_ids, 0)
+        # Completion score column j predicts the row's completion token j: offsets 0.
+        sparse = (
+            None if rollout_logits is None else SparseRows(rollout_logits, [0] * len(input_ids))
+        )
         completion_scores = self._score(
-            shared.hidden[:, :max_completion], completion_ids, topk, temperature
+            shared.hidden[:, :max_completion], completion_ids, topk, temperature, sparse
         )  # (b, C, ...)
+        if sparse is not None:  # prompt positions have no rollout distribution: acceptance 0
+            prompt_scores = (*prompt_scores, prompt_scores[0].new_zeros(prompt_scores[0].shape))
         row_group = shared.row_group
 
         t = torch.arange(seq_len, device=device)  # (T,)
@@ -167,9 +224,17 @@ class PolicyWithLogprobs(nn.Module):
             for p, o in zip(prefix_scores, own_scores, strict=True)
         )
 
-    def _score(self, hidden: Tensor, targets: Tensor, topk: int, temperature: float) -> Scores:
+    def _score(
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        topk: int,
+        temperature: float,
+        sparse: SparseRows | None = None,
+    ) -> Scores:
         """Scores of `targets` (n, L) from the hidden states predicting them (n, L, H), with at
-        most `chunk_tokens` (rows x positions) of logits alive at once."""
+        most `chunk_tokens` (rows x positions) of logits alive at once; with `sparse`, a fifth:
+        the exact acceptance (n, L) of its rows, from each chunk's log-probs."""
         rows, length = targets.shape
         positions_per_chunk = max(1, self.chunk_tokens // max(rows, 1))
         chunks = -(-max(length, 1) // positions_per_chunk)  # one empty chunk when L = 0
@@ -179,16 +244,24 @@ class PolicyWithLogprobs(nn.Module):
         for c in range(chunks):
             start = min(c * positions_per_chunk, length)
             end = min(start + positions_per_chunk, length)
-            args = (hidden[:, start:end], targets[:, start:end], topk, temperature)
+            args = (hidden[:, start:end], targets[:, start:end], topk, temperature, sparse, start)
             if torch.is_grad_enabled():
-                # Recompute the chunk's logits in backward instead of keeping them all alive.
+                # Recompute the chunk's logits in backward instead of keeping them all alive
+                # (the recomputation stops once the gather's inputs are back: checkpoint's early
+                # stop, so the no-grad top-K, entropy and acceptance are not computed twice).
                 parts.append(checkpoint(self._score_chunk, *args, use_reentrant=False))
             else:
                 parts.append(self._score_chunk(*args))
-        return tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(4))
+        return tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(len(parts[0])))
 
     def _score_chunk(
-        self, hidden: Tensor, targets: Tensor, topk: int, temperature: float
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        topk: int,
+        temperature: float,
+        sparse: SparseRows | None = None,
+        start: int = 0,
     ) -> Scores:
         logits = self.lm.get_output_embeddings()(hidden).float() / temperature  # (n, c, V)
         logprobs = F.log_softmax(logits, dim=-1)  # (n, c, V)
@@ -196,7 +269,32 @@ class PolicyWithLogprobs(nn.Module):
         with torch.no_grad():
             entropy = -(logprobs.exp() * logprobs).sum(-1)  # (n, c)
             topk_lp, topk_ids = logprobs.topk(topk, dim=-1)  # (n, c, K)
-        return token_lp, topk_ids, topk_lp, entropy
+            if sparse is None:
+                return token_lp, topk_ids, topk_lp, entropy
+            accept = _chunk_acceptance(logprobs, sparse, start, temperature)  # (n, c)
+        return token_lp, topk_ids, topk_lp, entropy, accept
+
+
+def _chunk_acceptance(
+    logprobs: Tensor, sparse: SparseRows, start: int, temperature: float
+) -> Tensor:
+    """(n, c) fp32 exact acceptance of the chunk's columns start .. start + c - 1 whose row has
+    rollout logits, 0 elsewhere; `logprobs` (n, c, V) the dense ones at `temperature`. One row's
+    slice of rollout logits is normalised at a time, so at most (c, V) of them exist at once."""
+    rows, width = logprobs.shape[:2]
+    accept = logprobs.new_zeros(rows, width)  # (n, c)
+    for r, row_logits in enumerate(sparse.logits):
+        if row_logits is None:
+            continue
+        first = sparse.offsets[r]  # the column of its completion token 0
+        lo, hi = max(start, first), min(start + width, first + len(row_logits))
+        if lo >= hi:
+            continue
+        q = row_logits[lo - first : hi - first].to(logprobs.device).float() / temperature
+        accept[r, lo - start : hi - start] = exact_acceptance(
+            logprobs[r, lo - start : hi - start], F.log_softmax(q, -1)
+        )  # (hi - lo,)
+    return accept
 
 
 class GroupShared(NamedTuple):
