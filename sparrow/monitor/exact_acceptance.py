@@ -104,6 +104,20 @@ def rollout_logits(
     return cast(list[Tensor], logits)  # every row: checked above
 
 
+def measured_logits(engine, batch: RolloutBatch, rows: Tensor, schedules: list) -> list:
+    """Per row of `batch`: for the `rows` (B,) bool, the rollout logits (C_b, V) their exact
+    acceptance compares with (kept, else replayed under `schedules[b]`, one per row of the
+    batch); None for the others. For the update's forward to measure (rl.dense_pass=update)."""
+    index = torch.arange(len(batch))[rows]  # (b,)
+    chosen = batch.select(index)
+    prompts, completions = _split(chosen)
+    logits = rollout_logits(engine, chosen, prompts, completions, [schedules[b] for b in index])
+    out: list[Tensor | None] = [None] * len(batch)
+    for b, x in zip(index.tolist(), logits, strict=True):
+        out[b] = x
+    return out
+
+
 def prompt_runs(prompts: list[list[int]]) -> Tensor:
     """(B,) int64 index of each row's run of consecutive rows with equal prompts (its group)."""
     runs = [0]

@@ -8,11 +8,14 @@ measured on each step's own tokens. The trainer calls it twice per step:
 
 `plan` chooses the rows that roll out densely (the noise floor) and the rows whose logits the
 engine keeps (exact acceptance); `measure` computes the exact acceptance of those rows
-(exact_acceptance.py) and the paper's top-K bound of all rows, bins both by position over all
-ranks (acceptance_metrics.py) with the peers' mismatch metrics (KL, perplexity ratio, extreme
-token ratios: mismatch.py), and every `speedup_every` steps times a dense re-rollout of the
-same prompts (speedup_probe.py). Its per-bin stats are the controller's input; the estimators and
-the binning are pure functions in sparrow/control/acceptance.py.
+(exact_acceptance.py: a dense pass of its own), or takes it from the update's forward
+(rl.dense_pass=update: `rollout_logits` hands the exact rows' rollout distributions to that
+forward, which measures them before the weights move), and the paper's top-K bound of all
+rows, bins both by position over all ranks (acceptance_metrics.py) with the peers' mismatch
+metrics (KL, perplexity ratio, extreme token ratios: mismatch.py), and every `speedup_every`
+steps times a dense re-rollout of the same prompts (speedup_probe.py). Its per-bin stats are
+the controller's input; the estimators and the binning are pure functions in
+sparrow/control/acceptance.py.
 """
 
 from collections.abc import Callable
@@ -22,13 +25,14 @@ import torch
 from sparrow.distributed import Ranks
 from sparrow.monitor.acceptance_metrics import AcceptanceMetrics, AcceptanceResult, ExactAcceptance
 from sparrow.monitor.config import MonitorConfig
-from sparrow.monitor.exact_acceptance import exact_batch_acceptance
+from sparrow.monitor.exact_acceptance import exact_batch_acceptance, measured_logits
 from sparrow.monitor.mismatch import mismatch_metrics
 from sparrow.monitor.rollout_plan import RolloutPlan, plan_rollout
 from sparrow.monitor.same_weights import SameWeightsDense
 from sparrow.monitor.speedup_probe import measure_speedup
 from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.batch import RolloutBatch
+from sparrow.rl.policy_logprobs import RowLogits
 
 
 class Monitor:
@@ -69,6 +73,25 @@ class Monitor:
             self.cfg, num_prompts, self.group_size, self.engine.schedule, dense_is_theta
         )
 
+    def rollout_logits(self, batch: RolloutBatch, plan: RolloutPlan) -> RowLogits | None:
+        """Per row of `batch`, the rollout logits (C_b, V) its exact acceptance compares with
+        (None off the exact rows), for the update's forward to measure; None when monitor.exact
+        is off. Rows the engine kept no logits for are replayed now (under the schedule they
+        were rolled out with, before it moves) and stored on the batch, so that a separate pass
+        (a skipped update) does not replay them again."""
+        if not self.cfg.exact:
+            return None
+        rows = plan.logit_rows
+        assert rows is not None, "monitor.exact plans logit rows"
+        sparse = self.engine.schedule
+        schedules = [None if f else sparse for f in plan.floor_rows.tolist()]  # as rolled out
+        logits = measured_logits(self.engine, batch, torch.tensor(rows), schedules)
+        kept = list(batch.rollout_logits or [None] * len(batch))
+        batch.rollout_logits = [
+            x if x is not None else k for x, k in zip(logits, kept, strict=True)
+        ]
+        return logits
+
     def measure(
         self,
         step: int,
@@ -77,26 +100,23 @@ class Monitor:
         plan: RolloutPlan,
         dense,
         rollout_stats,
+        exact_values: torch.Tensor | None = None,
     ) -> AcceptanceResult:
         """Step `step`'s (0-based) acceptance of `batch` (rolled out from `prompt_ids` under
         `plan`) against `dense`, the dense policy's log-probs and top-K of it (a LogprobOutput).
-        Call before the schedule moves: rows without kept logits are replayed under it. Adds
-        the measured speedup on its steps (`rollout_stats`: the rollout's RolloutStats) and
-        frees the batch's kept (C_b, V) logits."""
+        `exact_values` (B, T): the exact rows' acceptance as the update's forward measured it
+        (`rollout_logits`); None: measured here, with a dense pass of the actor's model, which
+        must then still hold the weights `dense` scored with. Call before the schedule moves:
+        rows without kept logits are replayed under it. Adds the measured speedup on its steps
+        (`rollout_stats`: the rollout's RolloutStats)."""
         speedup = self._speedup(step, prompt_ids, rollout_stats)
         exact = None
         if self.cfg.exact:
             rows = torch.tensor(plan.logit_rows)  # (B,) bool
-            sparse = self.engine.schedule
-            values = exact_batch_acceptance(
-                self.engine,
-                self.dense_model,
-                batch.select(torch.arange(len(batch))[rows]),
-                self.sampling.temperature,
-                self.actor_cfg.micro_batch_size,
-                [None if f else sparse for f in plan.floor_rows[rows].tolist()],
-                share_prefix=self.actor_cfg.share_prefix,
-            )
+            if exact_values is not None:
+                values = exact_values[rows]  # (b, T)
+            else:
+                values = self._exact_pass(batch, plan, rows)
             exact = ExactAcceptance(values, rows)
         result = self.metrics.measure(batch, dense, plan.floor_rows, exact)
         sparse_tokens = batch.completion_mask & ~plan.floor_rows[:, None]  # (B, T)
@@ -109,6 +129,19 @@ class Monitor:
         )
         result.metrics |= speedup
         return result
+
+    def _exact_pass(self, batch: RolloutBatch, plan: RolloutPlan, rows: torch.Tensor):
+        """(b, T) the exact acceptance of the `rows` (B,) bool, with a dense pass of its own."""
+        sparse = self.engine.schedule
+        return exact_batch_acceptance(
+            self.engine,
+            self.dense_model,
+            batch.select(torch.arange(len(batch))[rows]),
+            self.sampling.temperature,
+            self.actor_cfg.micro_batch_size,
+            [None if f else sparse for f in plan.floor_rows[rows].tolist()],
+            share_prefix=self.actor_cfg.share_prefix,
+        )
 
     def measure_same_weights(
         self,

@@ -129,6 +129,13 @@ class RLConfig:
     # rollouts, dense log-probs, acceptance, the controller and DistillSparse run as usual:
     # distill-only training (sparrow.experiments.distill_study).
     update_policy: bool = True
+    # Where the step's dense log-probs come from (sparrow/train/policy_update.py, dense_pass):
+    # "update": the update's own forward gives them, detached (the old log-probs, so the PPO
+    # ratio is exactly 1; top-K, entropy and the monitor's exact acceptance too), since a batch
+    # feeds one optimizer step; it falls back to "separate" where a reader needs them before the
+    # loss (rl.correction.mode=seq_mask rejects rows first) or no update runs (update_policy
+    # false, or a step skipped for want of signal). "separate": a no-grad pass before the update.
+    dense_pass: str = "update"
     # DAPO's dynamic sampling: rounds of prompts until the step holds prompts_per_step groups
     # with signal (sparrow/train/dynamic_sampling.py).
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
@@ -145,6 +152,8 @@ class RLConfig:
             "keep_last": self.keep_last,
             "max_nonfinite_streak": self.max_nonfinite_streak,
         }
+        if self.dense_pass not in ("update", "separate"):
+            raise ValueError(f"rl.dense_pass={self.dense_pass!r}: 'update' or 'separate'")
         bad = {k: v for k, v in at_least_one.items() if v < 1}
         if bad or self.save_every < 0 or self.steps < 0:
             raise ValueError(

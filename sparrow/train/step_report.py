@@ -98,6 +98,8 @@ def format_step_line(step: int, total: int, m: dict) -> str:
             f"{g('sampling/groups_drawn', '{:.0f}')} in {g('sampling/rounds', '{:.0f}')} "
             f"rounds{limit}"
         )
+    # No separate dense pass under rl.dense_pass=update: no log-prob phase to show.
+    logp = f"logp {g('time/logprobs_s', '{:.1f}')}s " if "time/logprobs_s" in m else ""
     failed = m.get("reward/errors", 0) + m.get("reward/timeouts", 0)
     failures = f" reward_errors {failed:.0f}/{g('reward/calls', '{:.0f}')}" if failed else ""
     return (
@@ -105,7 +107,7 @@ def format_step_line(step: int, total: int, m: dict) -> str:
         f"len {g('len/completion_mean', '{:.1f}')}{failures}{sampling} | {update} | "
         f"p5 min {g('accept/p5_min')} "
         f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
-        f"logp {g('time/logprobs_s', '{:.1f}')}s monitor {g('time/monitor_s', '{:.1f}')}s "
+        f"{logp}monitor {g('time/monitor_s', '{:.1f}')}s "
         f"update {g('time/update_s', '{:.1f}')}s"
     )
 

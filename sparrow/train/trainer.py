@@ -1,8 +1,9 @@
 """The GRPO loop. One step, in `train_step`: sparse rollout (as the monitor planned it) -> rewards
 (with dynamic sampling, rounds of both until the step holds its groups with signal) -> advantages
--> dense log-probs -> the monitor's acceptance -> controller update -> policy update ->
-DistillSparse update -> weight sync -> logging; `fit` adds evaluation and checkpoints around the
-steps.
+-> policy update, whose forward also gives the dense log-probs, top-K and exact acceptance
+(rl.dense_pass=update; `separate`: a dense pass before it) -> the monitor's acceptance ->
+controller update (the next rollout's schedule) -> DistillSparse update -> weight sync ->
+logging; `fit` adds evaluation and checkpoints around the steps.
 
     sparrow-train                       # SmolLM2 on the embedded task (conf/config.yaml)
     sparrow-train preset=smoke          # 2 steps of a tiny model
@@ -57,7 +58,7 @@ from sparrow.train.evaluation import PairedBaseline, eval_sampling, evaluate
 from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
 from sparrow.train.phase_timer import PhaseTimer
-from sparrow.train.policy_update import PolicyUpdate
+from sparrow.train.policy_update import PolicyUpdate, dense_pass
 from sparrow.train.rollout_pipeline import DrawnStep, RolloutPipeline
 from sparrow.train.run.policy_export import export_policy
 from sparrow.train.run.state import RunState
@@ -108,6 +109,7 @@ class GRPOTrainer:
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
         loss = PolicyLoss(cfg.rl.loss, cfg.rl.correction)
         self.policy_update = PolicyUpdate(self.actor, loss, reference, self.ranks, cfg)
+        self.dense_pass, self.dense_pass_why = dense_pass(cfg)  # "update" or "separate"
         self.run_dir = Path(cfg.run_dir)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
         self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.sampling)
@@ -212,23 +214,28 @@ class GRPOTrainer:
             rewards, overlong = self._overlong(scores.scores, rollout.batch)  # (B,)
             # GRPO groups never span ranks (a rank rolls out whole groups): advantages are local.
             advantages = self.advantage_fn(rewards, rollout.batch.group_ids)  # (B,)
-        with timer("logprobs"):
-            dense = self._logprobs(rollout.batch)
-        if sampled.steered is None:
-            with timer("monitor"):
-                acceptance = self._acceptance(train.prompts, rollout, dense)
-                sampled.free_logits()
-            with timer("control"):
-                control = self.steering.update(rollout.batch, acceptance.stats)
-        else:  # asynchronous: measured and steered when the rollout was taken (`_sample`)
-            acceptance, control = sampled.steered
+        # Asynchronous: measured and steered when the rollout was taken (`_sample`); the update
+        # then scores the rows itself, and the engine, busy with the next draw, is not asked.
+        steered = sampled.steered
+        if steered is not None and self.dense_pass == "update":
+            dense, row_logits = None, None
+        else:
+            dense, row_logits = self._before_update(timer, rollout)
+        if steered is None and dense is not None:  # separate: measured before the weights move
+            steered = self._measure_and_steer(timer, train.prompts, rollout, sampled, dense)
         with timer("update"):
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
             masked = overlong["masked"]
             if sampled.padding is not None:  # dynamic sampling's padding rows: out of the loss
                 masked = sampled.padding if masked is None else masked | sampled.padding
-            update = self._policy_update(rollout.batch, dense, token_advantages, num_tokens, masked)
+            update, scored = self._policy_update(
+                rollout.batch, dense, token_advantages, num_tokens, masked, row_logits
+            )
+        dense, exact = scored or self._after_update(timer, rollout.batch, dense)
+        if steered is None:  # the update's forward measured the exact rows
+            steered = self._measure_and_steer(timer, train.prompts, rollout, sampled, dense, exact)
+        acceptance, control = steered
         with timer("distill"):
             # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
             # frozen base and for the engine; a frozen theta (rl.update_policy=false) is in both.
@@ -365,6 +372,36 @@ class GRPOTrainer:
             [prompts[o.prompt_index].answer for o in outputs],
         )
 
+    def _measure_and_steer(
+        self, timer: PhaseTimer, prompts, rollout: Rollout, sampled: Sampled, dense, exact=None
+    ) -> tuple:
+        """(the monitor's acceptance of the step, the controller's move on it: the next
+        rollout's schedule); the rollout logits are freed once read."""
+        with timer("monitor"):
+            acceptance = self._acceptance(prompts, rollout, dense, exact)
+            sampled.free_logits()
+        with timer("control"):
+            control = self.steering.update(rollout.batch, acceptance.stats)
+        return acceptance, control
+
+    def _before_update(self, timer: PhaseTimer, rollout: Rollout) -> tuple:
+        """(dense, row_logits): rl.dense_pass=separate: the dense pass's LogprobOutput, None;
+        update: None, the exact rows' rollout logits for the update's forward to measure."""
+        if self.dense_pass == "separate":
+            with timer("logprobs"):
+                return self._logprobs(rollout.batch), None
+        with timer("monitor"):
+            return None, self.monitor.rollout_logits(rollout.batch, rollout.plan)
+
+    def _after_update(self, timer: PhaseTimer, batch: RolloutBatch, dense) -> tuple:
+        """(dense, None) when the update's forward scored nothing: the separate pass's `dense`,
+        or, when no update forward ran (no signal, frozen theta), a dense pass now (the weights
+        are still those the batch was rolled out with)."""
+        if dense is None:
+            with timer("logprobs"):
+                dense = self._logprobs(batch)
+        return dense, None
+
     def _logprobs(self, batch: RolloutBatch) -> LogprobOutput:
         """The dense policy's log-probs and top-K of the batch, at the rollout temperature (so
         that ratios, TIS and acceptance compare like with like)."""
@@ -377,12 +414,15 @@ class GRPOTrainer:
             group_ids=batch.group_ids,
         )
 
-    def _acceptance(self, prompts, rollout: Rollout, dense: LogprobOutput) -> AcceptanceResult:
+    def _acceptance(
+        self, prompts, rollout: Rollout, dense: LogprobOutput, exact=None
+    ) -> AcceptanceResult:
         """The monitor's measurement of the step (under the schedule the batch was rolled out
-        with: call before the controller moves it)."""
+        with: call before the controller moves it); `exact` (B, T): the exact acceptance the
+        update's forward measured, None: the monitor's own pass (before the update only)."""
         ids = [p.token_ids for p in prompts]
         return self.monitor.measure(
-            self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats
+            self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats, exact
         )
 
     def _overlong(self, scores, batch: RolloutBatch) -> tuple:
@@ -403,12 +443,13 @@ class GRPOTrainer:
         return scores + penalty, {"masked": masked, "metrics": metrics}
 
     def _policy_update(
-        self, batch: RolloutBatch, dense, token_advantages, num_tokens, masked_rows=None
-    ) -> dict:
+        self, batch: RolloutBatch, dense, token_advantages, num_tokens, masked_rows, row_logits
+    ) -> tuple[dict, tuple | None]:
         """One GRPO/TIS update of theta (train/policy_update.py); a non-finite update counts
-        towards rl.max_nonfinite_streak."""
+        towards rl.max_nonfinite_streak. Returns its metrics and, when `dense` is None and the
+        update ran, what its forward scored: (LogprobOutput, (B, T) exact acceptance or None)."""
         outcome = self.policy_update(
-            batch, dense, token_advantages, num_tokens, masked_rows, self.step
+            batch, dense, token_advantages, num_tokens, masked_rows, self.step, row_logits
         )
         if outcome.ran:
             self.run.nonfinite_streak = next_nonfinite_streak(
@@ -417,7 +458,8 @@ class GRPOTrainer:
                 self.step + 1,
                 self.cfg.rl.max_nonfinite_streak,
             )
-        return outcome.metrics
+        scored = None if outcome.dense is None else (outcome.dense, outcome.exact)
+        return outcome.metrics, scored
 
     def _distill_update(self, batch, dense, token_advantages, num_tokens, weights) -> dict:
         """DistillSparse: one adapter update on the frozen updated theta (`weights`; None: theta
@@ -497,5 +539,6 @@ class GRPOTrainer:
                 self.train_data.prompt_lengths(),
                 self.seeds.describe(),
             )
+            + f"\n  dense log-probs: {self.dense_pass_why}"
             + f"\n  {self.memory.line()}"
         )

@@ -71,12 +71,20 @@ class FakeActor:
             *self.policy(input_ids, attention_mask, topk, temperature, *self._groups(mb))
         )
 
-    def train_step(self, micro_batches: list[dict[str, Tensor]], loss_fn, temperature=1.0) -> dict:
+    def train_step(
+        self, micro_batches: list[dict[str, Tensor]], loss_fn, temperature=1.0, keep=None
+    ) -> dict:
         sums = {"loss": 0.0, "entropy_sum": 0.0, "entropy_count": 0.0}
         for mb in micro_batches:
-            out = self.policy(
-                mb["input_ids"], mb["attention_mask"], 0, temperature, *self._groups(mb)
-            )
+            groups = self._groups(mb)
+            row_logits = mb.get("rollout_logits")  # the real actor's call: DenseActor._forward
+            if row_logits is not None:
+                groups = (groups or (mb["prompt_lens"], None)) + (row_logits,)
+            mb = {k: v for k, v in mb.items() if k != "rollout_logits"}
+            topk = 0 if keep is None else keep.topk
+            out = self.policy(mb["input_ids"], mb["attention_mask"], topk, temperature, *groups)
+            if keep is not None:
+                keep.add(out)
             loss, metrics = loss_fn(out[0], mb)
             loss.backward()
             mask = mb.get("completion_mask", mb["attention_mask"]).bool()
@@ -101,6 +109,11 @@ class FakeActor:
             "skipped": float(skipped),
             "lr": lr,
         }
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use (DenseActor.lr)."""
+        return self.optimizer.param_groups[0]["lr"]
 
     def gathered_state_dict(self) -> dict[str, Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}

@@ -175,11 +175,11 @@ def test_a_step_trains_on_its_share_of_signal_groups_unless_the_round_limit_hit(
     trained = []
     real_train_step = trainer.actor.train_step
 
-    def recording(micro_batches, loss_fn, temperature):
+    def recording(micro_batches, loss_fn, temperature, keep=None):
         groups = torch.cat([mb["group_ids"][mb["advantages"].ne(0).any(1)] for mb in micro_batches])
         rows = sum(len(mb["group_ids"]) for mb in micro_batches)
         trained.append((len(groups.unique()), rows))
-        return real_train_step(micro_batches, loss_fn, temperature)
+        return real_train_step(micro_batches, loss_fn, temperature, keep=keep)
 
     trainer.actor.train_step = recording
     trainer.fit()

@@ -21,9 +21,11 @@ def test_kl_to_the_initial_weights(tmp_path):
     seen = []
     real_train_step = trainer.actor.train_step
 
-    def train_step(micro_batches, loss_fn, temperature):
-        seen.append(micro_batches)
-        return real_train_step(micro_batches, loss_fn, temperature)
+    def train_step(micro_batches, loss_fn, temperature, keep=None):
+        out = real_train_step(micro_batches, loss_fn, temperature, keep=keep)
+        # rl.dense_pass=update: the old log-probs are the forward's own, kept per micro-batch.
+        seen.append([(mb, part[0]) for mb, part in zip(micro_batches, keep.parts, strict=True)])
+        return out
 
     trainer.actor.train_step = train_step
     trainer.fit()
@@ -34,12 +36,12 @@ def test_kl_to_the_initial_weights(tmp_path):
     # p the policy before step 2's update (the old log-probs) and p_ref the initial model.
     num, den = 0.0, 0.0
     with torch.no_grad():
-        for mb in seen[1]:
+        for mb, old in seen[1]:
             logits = initial(mb["input_ids"], attention_mask=mb["attention_mask"]).logits
             ref = logits[:, :-1].float().log_softmax(-1)
             ref = ref.gather(-1, mb["input_ids"][:, 1:, None])[..., 0]  # (b, T - 1)
             mask = mb["completion_mask"][:, 1:]
-            d = (ref - mb["old_logprobs"][:, 1:])[mask].double()
+            d = (ref - old[:, 1:])[mask].double()
             num += float((d.exp() - d - 1).sum())
             den += float(mask.sum())
     assert rows[1]["update/kl_ref"] == pytest.approx(num / den, rel=1e-3, abs=1e-7)

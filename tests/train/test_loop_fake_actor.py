@@ -67,8 +67,11 @@ def test_two_steps_with_fake_actor(tmp_path):
     real_train_step, real_gather = trainer.actor.train_step, trainer.actor.gathered_state_dict
     trainer.actor.gathered_state_dict = lambda: gathers.append(1) or real_gather()
 
-    def recording_train_step(micro_batches, loss_fn, temperature):
-        out = real_train_step(micro_batches, loss_fn, temperature)
+    def recording_train_step(micro_batches, loss_fn, temperature, keep=None):
+        out = real_train_step(micro_batches, loss_fn, temperature, keep=keep)
+        # One dense forward (rl.dense_pass=update): the old log-probs are the forward's own.
+        for mb, part in zip(micro_batches, keep.parts, strict=True):
+            mb["old_logprobs"] = part[0]
         seen.append((micro_batches, out))
         return out
 
@@ -80,9 +83,10 @@ def test_two_steps_with_fake_actor(tmp_path):
     for row in rows:
         for key in ("reward/mean", "loss/loss", "update/grad_norm", "accept/p5_min"):
             assert isinstance(row[key], float), key
-        phases = ("rollout", "rewards", "logprobs", "monitor", "control", "update", "distill")
+        phases = ("rollout", "rewards", "monitor", "control", "update", "distill")
         for phase in (*phases, "sync", "step"):
             assert row[f"time/{phase}_s"] >= 0.0
+        assert "time/logprobs_s" not in row  # the update's forward gave the dense log-probs
         assert 0.0 < row["kv_read_ratio"] < 1.0  # the 3-page budget read fewer pages than dense
         assert row["schedule/budget_pages/bin0"] == 3
         assert isinstance(row["distill/grad_norm"], float)
@@ -138,9 +142,9 @@ def test_fake_actor_matches_dense_actor(tmp_path):
     real_train_step = trainer.actor.train_step
     model0 = copy.deepcopy(trainer.actor.model)
 
-    def capture(micro_batches, loss_fn, temperature):
+    def capture(micro_batches, loss_fn, temperature, keep=None):
         captured.update(mbs=micro_batches, loss_fn=loss_fn, temperature=temperature)
-        return real_train_step(micro_batches, loss_fn, temperature)
+        return real_train_step(micro_batches, loss_fn, temperature, keep=keep)
 
     trainer.actor.train_step = capture
     fake = trainer.train_step()

@@ -20,9 +20,9 @@ def test_penalty_and_filtering_reach_the_update(tmp_path):
         seen["rewards"] = rewards.clone()
         return real_advantages(rewards, group_ids)
 
-    def train_step(micro_batches, loss_fn, temperature):
+    def train_step(micro_batches, loss_fn, temperature, keep=None):
         seen["micro_batches"] = micro_batches
-        return real_train_step(micro_batches, loss_fn, temperature)
+        return real_train_step(micro_batches, loss_fn, temperature, keep=keep)
 
     real_overlong = trainer._overlong
 

@@ -51,9 +51,13 @@ def _one_step(tmp_path, aggregation: str, *extra: str, eos_rows: bool = False) -
         seen["batch"] = batch
         return real_overlong(scores, batch)
 
-    def train_step(micro_batches, loss, temperature):
+    def train_step(micro_batches, loss, temperature, keep=None):
         seen["micro_batches"] = micro_batches
-        return real_train_step(micro_batches, loss, temperature)
+        out = real_train_step(micro_batches, loss, temperature, keep=keep)
+        # One dense forward (rl.dense_pass=update): the old log-probs are the forward's own.
+        for mb, part in zip(micro_batches, keep.parts, strict=True):
+            mb["old_logprobs"] = part[0]
+        return out
 
     trainer.policy_update.loss_fn, trainer._overlong = loss, overlong
     trainer.actor.train_step = train_step

@@ -89,7 +89,8 @@ class _Actor:
     def micro_batches(self, batch):
         return [{k: v[s] for k, v in batch.items()} for s in (slice(0, 1), slice(1, 4))]
 
-    def train_step(self, micro_batches, loss_fn, temperature):
+    def train_step(self, micro_batches, loss_fn, temperature, keep=None):
+        assert keep is None, "seq_mask reads a separate dense pass (rl.dense_pass's fallback)"
         sums = {"loss": 0.0}
         for mb in micro_batches:
             loss, metrics = loss_fn(_current(mb["old_logprobs"]), mb)
