@@ -32,6 +32,7 @@ def _run(run_dir, mode: str) -> tuple[list[dict], dict]:
     return rows, weights
 
 
+@pytest.mark.slow  # two 2-step runs with the DeepSpeed actor: ~100 s on the shared 2-core box
 def test_update_forward_runs_the_separate_pass_steps(tmp_path):
     one, theta_one = _run(tmp_path / "one", "update")
     two, theta_two = _run(tmp_path / "two", "separate")
