@@ -15,7 +15,10 @@ optimizer state, the engine's weight copy, KV pool and page summaries) plus its 
 - monitor exact (monitor.exact): the same pass over the rows the exact acceptance measures, and
   per row its dense and rollout log-softmax over the vocabulary;
 - actor step: gradients plus the micro-batch's activations (sparrow.rl.actor_memory), with shared
-  prompts their K/V indexed out to every row (`row_cache`, held `step_copies` times).
+  prompts their K/V indexed out to every row (`row_cache`, held `step_copies` times); with
+  rl.async.staleness=1 also the next step's draw, which runs beside the update (`overlap`: the
+  larger of its prefill and decode transients, and the monitor's dense replay logits of the
+  measured rows beside their kept ones).
 
 On CPU the device is host RAM, which the process itself shares, and three more things live there:
 - `runtime`: the process when the plan is made (interpreter, torch, DeepSpeed, transformers, the
@@ -95,6 +98,7 @@ class MemoryPlan:
     packed_weights: int = 0  # CPU engine, linear_backend=onednn: its matrices re-laid out
     kept_logits: int = 0  # CPU, monitor.exact: the measured rows' rollout logits
     slack: float = 0.0  # CPU: ALLOCATOR_SLACK
+    overlap: int = 0  # rl.async.staleness=1: the next draw's transient, held during the update
 
     @property
     def engine_resident(self) -> int:
@@ -117,7 +121,7 @@ class MemoryPlan:
         if self.exact_extra:
             out["monitor exact"] = self.exact_extra + self.kept_logits
         cache = int(self.step_copies * self.row_cache)
-        out["actor step"] = self.gradients + self.step_activations + cache
+        out["actor step"] = self.gradients + self.step_activations + cache + self.overlap
         return out
 
     @property
@@ -223,6 +227,11 @@ def plan_memory(
     row_cache = row_expanded_cache_bytes(shape, mb.expanded_tokens, value_bytes)
     heap_copies = _heap_copies(shape, mb.expanded_tokens, value_bytes) if host else 0
     logprob_extra = no_grad_pass_bytes(shape, mb, actor.logprob_chunk_tokens, value_bytes)
+    prefill_extra = prefill_activation_bytes(shape, prefill_tokens, engine_bytes)
+    decode_extra = eng.max_batch_size * vocab_row
+    overlap = 0
+    if cfg.rl.async_rollout.staleness:  # the draw's peak, and the replay's logits beside the kept
+        overlap = max(prefill_extra, decode_extra + kept_logits) + kept_logits
     checkpointing, chunk = actor.activation_checkpointing, actor.logprob_chunk_tokens
     return MemoryPlan(
         actor_weights=actor_weights,
@@ -232,8 +241,8 @@ def plan_memory(
         kv_pool=kv_pool,
         page_summaries=page_summaries,
         dense_copies=dense_copies,
-        prefill_extra=prefill_activation_bytes(shape, prefill_tokens, engine_bytes),
-        decode_extra=eng.max_batch_size * vocab_row,
+        prefill_extra=prefill_extra,
+        decode_extra=decode_extra,
         logprob_extra=logprob_extra + heap_copies * row_cache,
         step_activations=micro_batch_activation_bytes(
             shape, mb.decoder_tokens, checkpointing, chunk, value_bytes
@@ -249,6 +258,7 @@ def plan_memory(
         packed_weights=matrix_count(shape) * engine_bytes if packed else 0,
         kept_logits=kept_logits,
         slack=ALLOCATOR_SLACK if host else 0.0,
+        overlap=overlap,
     )
 
 

@@ -87,6 +87,23 @@ def test_tiny_plan_by_hand():
     assert "monitor exact" not in plan.phases  # monitor.exact is off by default
 
 
+def test_async_rollout_adds_the_next_draw_to_the_update():
+    """rl.async.staleness=1 runs the next step's draw beside the update: the actor step holds its
+    transient too (the larger of prefill and decode, plus the replayed logits); 0 adds nothing."""
+    cfg = tiny_cfg()
+    sync = plan_memory(cfg, TINY, world=1, on_gpu=False, longest_prompt=40)
+    cfg.rl.async_rollout.staleness = 1
+    stale = plan_memory(cfg, TINY, world=1, on_gpu=False, longest_prompt=40)
+    assert sync.overlap == 0
+    assert stale.overlap == max(sync.prefill_extra, sync.decode_extra) > 0  # no kept logits
+    grown = stale.phases["actor step"] - sync.phases["actor step"]
+    assert grown == int(stale.transients["actor step"] * 1.2) - int(
+        sync.transients["actor step"] * 1.2
+    )
+    assert grown >= stale.overlap
+    assert stale.phases["prefill peak"] == sync.phases["prefill peak"]
+
+
 def test_zero_stages_and_bf16_partition_what_they_shard():
     one = plan_memory(tiny_cfg(precision="bf16", zero_stage=3), TINY, 1, on_gpu=True)
     four = {
