@@ -2,6 +2,7 @@
 
     sparrow-bench step --json runs/bench_step.json          # CPU default: preset=bench_step_cpu
     sparrow-bench step --warmup preset=tiny                  # any Hydra overrides after the flags
+    sparrow-bench step --forwards '~preset'                  # make train's run: one forward vs two
     sparrow-bench step --random-model qwen3-1.7b --warmup preset=qwen3_1p7b_gpu \\
         rollout.max_new_tokens=16384                         # GPU: random Qwen3-1.7B shape
 
@@ -30,6 +31,15 @@ Speedups are throughput ratios (completion tokens per second), equal to time rat
 runs generate the same number of tokens (always with EOS ignored):
 rollout_speedup = sparse rollout tok/s / dense rollout tok/s, step_speedup likewise over the
 whole step, step_speedup_excl_monitor without the monitor phase of either run.
+
+With `--forwards` the two runs are instead one dense forward against two, both as configured
+(sparse): `one_forward` (rl.dense_pass=update: the update's forward gives the dense log-probs,
+top-K and exact acceptance) and `two_forwards` (rl.dense_pass=separate: today's no-grad pass
+before the update, and the monitor's own dense pass for the exact rows), same seed, same prompts.
+`forward_ratio` = two_forwards step s / one_forward step s (> 1: one forward is faster), with the
+per-phase seconds of both. The bench exits with 1 when an arm skipped its work: an update
+skipped or untimed, the one-forward arm running a separate log-prob pass (it fell back), or the
+two-forward arm timing none.
 """
 
 import argparse
@@ -51,6 +61,8 @@ from sparrow.bench.device import bench_device
 from sparrow.cli.errors import ArgumentParser, at_least
 
 TIME_PREFIX, TIME_SUFFIX = "time/", "_s"  # the trainer's per-phase seconds: time/<phase>_s
+FORWARD_ARMS = (("one_forward", "update"), ("two_forwards", "separate"))  # --forwards: dense_pass
+ARM_LABELS = ("sparse", "dense", *(label for label, _ in FORWARD_ARMS))
 DEFAULT_PRESET = "bench_step_cpu"
 # Both runs, unless overridden: no dense share in the sparse rollout (noise-floor prompts) and no
 # timed dense re-rollout, so the sparse run measures the sparse policy alone; and an update even
@@ -78,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         "dense": _set(_without(overrides, ("schedule.", "controller.")), "schedule", "dense")
         + ([] if args.dense_exact_monitor else ["monitor.exact=false"]),
     }
+    if args.forwards:  # one dense forward against two, both sparse as configured
+        runs = {label: _set(overrides, "rl.dense_pass", mode) for label, mode in FORWARD_ARMS}
     report: dict = {
         "config": {
             "argv": list(argv or []),
@@ -97,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise AssertionError(f"the dense run composed schedule.mode={cfg.schedule.mode}")
             report[label] = run_step(cfg, args, label)
             _write(args.json, report)  # partial results survive a later timeout
-    report |= speedups(report["sparse"], report["dense"])
+    if args.forwards:
+        report |= forward_ratios(report["one_forward"], report["two_forwards"])
+    else:
+        report |= speedups(report["sparse"], report["dense"])
     report["problems"] = problems(report)
     print_table(report)
     _write(args.json, report)
@@ -108,15 +125,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def problems(report: dict) -> list[str]:
     """Why the report does not measure a whole step (empty: it does): an update skipped or
-    untimed in either run."""
+    untimed in either run; with --forwards, a one-forward arm that ran a separate log-prob
+    pass or a two-forward arm that timed none."""
     found = []
-    for label in ("sparse", "dense"):
+    labels = [label for label in ARM_LABELS if label in report]
+    for label in labels:
         run = report[label]
         if run["update_skipped"]:
             found.append(f"the {label} run skipped its update (every advantage zero)")
         elif not run.get("update_s", 0) > 0:
             found.append(f"the {label} run timed no update (update_s {run.get('update_s')})")
+    if "one_forward" in report and "logprobs" in report["one_forward"]["phases"]:
+        found.append("the one_forward run ran a separate log-prob pass (rl.dense_pass fell back)")
+    if "two_forwards" in report and not report["two_forwards"].get("logprobs_s", 0) > 0:
+        found.append("the two_forwards run timed no separate log-prob pass")
     return found
+
+
+def forward_ratios(one: dict, two: dict) -> dict:
+    """Time ratios two forwards / one (> 1: one forward is faster), per step and per phase the
+    arms share; the separate pass's and the monitor's seconds are given beside."""
+    shared = [p for p in one["phases"] if p in two["phases"] and one[f"{p}_s"] > 0]
+    return {
+        "forward_ratio": two["step_s"] / one["step_s"],
+        "forward_phase_ratios": {p: two[f"{p}_s"] / one[f"{p}_s"] for p in shared},
+        "two_forwards_logprobs_s": two.get("logprobs_s"),
+    }
 
 
 def run_step(cfg, args, label: str) -> dict:
@@ -220,11 +254,11 @@ def speedups(sparse: dict, dense: dict) -> dict:
 
 
 def print_table(report: dict) -> None:
-    sparse, dense = report["sparse"], report["dense"]
+    first, second = ("one_forward", "two_forwards") if "one_forward" in report else ARM_LABELS[:2]
+    sparse, dense = report[first], report[second]
+    phases = [*dict.fromkeys([*sparse["phases"][:-1], *dense["phases"]])]  # both arms', in order
     # (label, report key, kind: "time", "rate" or None for a plain value)
-    rows: list[tuple[str, str, str | None]] = [
-        (f"{p} s", f"{p}_s", "time") for p in sparse["phases"]
-    ]
+    rows: list[tuple[str, str, str | None]] = [(f"{p} s", f"{p}_s", "time") for p in phases]
     rows += [
         ("step w/o monitor s", "step_excl_monitor_s", "time"),
         ("  prefill s (engine)", "prefill_s", "time"),
@@ -239,13 +273,16 @@ def print_table(report: dict) -> None:
         ("p5 top-K bound (min bin)", "accept_topk_p5_min", None),
         ("predicted speedup", "predicted_speedup", None),
     ]
-    print(f"\n{'':26s}{'sparse':>11s}{'dense':>11s}{'speedup':>10s}")
+    print(f"\n{'':26s}{first:>11s}{second:>11s}{'speedup':>10s}")
     for name, key, kind in rows:
         s, d = sparse.get(key), dense.get(key)
         ratio = ""
         if kind and s and d:
             ratio = f"{(d / s if kind == 'time' else s / d):9.2f}x"
         print(f"{name:26s}{_fmt(s):>11s}{_fmt(d):>11s}{ratio:>10s}")
+    if first == "one_forward":
+        print(f"\none dense forward per step: {report['forward_ratio']:.2f}x (step, two / one)")
+        return
     print(
         f"\nrollout speedup {report['rollout_speedup']:.2f}x, step speedup "
         f"{report['step_speedup']:.2f}x ({report['step_speedup_excl_monitor']:.2f}x without the "
@@ -324,9 +361,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="the dense run pays the exact-acceptance replay too (default: top-K bound only)",
     )
+    p.add_argument(
+        "--forwards",
+        action="store_true",
+        help="one dense forward per step vs two (rl.dense_pass update vs separate), both sparse",
+    )
     p.add_argument("--profile", type=at_least(0), default=0, help="cProfile each step: print top N")
     args, rest = p.parse_known_args(argv)
-    bad = [a for a in rest if "=" not in a]
+    bad = [a for a in rest if "=" not in a and not a.startswith("~")]  # ~key: Hydra's delete
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)}")
     if not any(_key(o) == "preset" for o in rest):

@@ -47,7 +47,8 @@ def test_step_bench_runs_sparse_and_dense(report):
     assert "monitor.noise_floor_fraction=0" in report["config"]["overrides"]
     for run in (sparse, dense):
         assert run["completion_tokens"] == 4 * 4 * 40  # 4 prompts x 4 samples, fixed length
-        assert {"rollout", "logprobs", "monitor", "update", "sync"} <= set(run["phases"])
+        assert {"rollout", "monitor", "update", "sync"} <= set(run["phases"])
+        assert "logprobs" not in run["phases"]  # rl.dense_pass=update: one dense forward
         assert run["phases"][-1] == "step" and all(run[f"{p}_s"] >= 0 for p in run["phases"])
         parts = sum(run[f"{p}_s"] for p in run["phases"][:-1])
         assert parts == pytest.approx(run["step_s"], abs=1e-4)  # the phases tile the step
@@ -137,3 +138,29 @@ def test_gpu_presets_compose_with_the_papers_schedules(tag, layers):
     assert cfg.actor.precision == "bf16" and cfg.rollout.max_new_tokens == 32768
     shape = random_model_config(f"qwen3-{tag.replace('p', '.')}")
     assert shape.num_hidden_layers == layers
+
+
+@pytest.mark.slow  # two more trainers, a step each
+def test_forwards_compares_one_dense_forward_with_two(tmp_path):
+    """--forwards: the same sparse step with rl.dense_pass=update and =separate; the separate
+    pass is a phase of the second arm only, and the ratio is that of the measured steps."""
+    path = tmp_path / "forwards.json"
+    argv = ["step", "--forwards", "--json", str(path), "preset=tiny", "rollout.max_new_tokens=8"]
+    assert cli.main(argv) == 0
+    report = json.loads(path.read_text())
+    one, two = report["one_forward"], report["two_forwards"]
+    assert "logprobs" not in one["phases"] and two["logprobs_s"] > 0
+    assert report["forward_ratio"] == pytest.approx(two["step_s"] / one["step_s"])
+    assert report["forward_phase_ratios"]["update"] == pytest.approx(
+        two["update_s"] / one["update_s"]
+    )
+    assert one["prompt_len_mean"] == two["prompt_len_mean"]  # same seed, same prompts
+    assert report["problems"] == []
+    # An arm that did not do its work fails the bench.
+    bad = json.loads(json.dumps(report))
+    bad["one_forward"]["phases"].insert(1, "logprobs")
+    bad["two_forwards"]["logprobs_s"] = 0.0
+    assert problems(bad) == [
+        "the one_forward run ran a separate log-prob pass (rl.dense_pass fell back)",
+        "the two_forwards run timed no separate log-prob pass",
+    ]
