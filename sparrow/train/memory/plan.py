@@ -27,7 +27,8 @@ On CPU the device is host RAM, which the process itself shares, and three more t
 - `packed_weights`: with linear_backend=onednn the engine keeps its matrices re-laid out beside
   the plain ones (sparrow.rollout.linear), one more copy of every matrix it multiplies by;
 - `kept_logits`: monitor.exact keeps the measured rows' rollout logits (T x V fp32) in host RAM
-  from the rollout until the monitor reads them, across the log-prob pass.
+  from the rollout until the monitor reads them: across the log-prob pass, or with one dense
+  forward (rl.dense_pass=update) across the update, whose forward reads them.
 A phase's resident size also exceeds its live bytes: glibc keeps the blocks a phase frees under
 its 32 MB mmap threshold (sparrow.malloc), and a later allocation of another size cannot reuse
 them all. Two terms count it:
@@ -121,7 +122,11 @@ class MemoryPlan:
         if self.exact_extra:
             out["monitor exact"] = self.exact_extra + self.kept_logits
         cache = int(self.step_copies * self.row_cache)
-        out["actor step"] = self.gradients + self.step_activations + cache + self.overlap
+        # rl.dense_pass=update reads the exact rows' kept rollout logits in the update's forward
+        # (a separate pass frees them before it: counted anyway, a few hundred MB at most).
+        out["actor step"] = (
+            self.gradients + self.step_activations + cache + self.kept_logits + self.overlap
+        )
         return out
 
     @property

@@ -66,17 +66,27 @@ def test_cpu_plan_is_within_1_3x_above_the_measured_peak(name):
 # `sparrow-train data=long_context rl.steps=2 actor.activation_checkpointing=true
 # actor.max_tokens_per_micro_batch=26112 memory.device_gib=20 rl.skip_no_signal=false
 # rl.eval.every=0 monitor.speedup_every=0` (the knobs its fit sized on this VM at 16 GiB free,
-# pinned): step 1's phases, before AdamW's state exists (the plan's less the optimizer state).
-# Its update did not finish within the session; its peak is not pinned here.
-LONG_CONTEXT_STEP1 = {"actor log-probs": 6_174_302_208, "monitor exact": 8_805_158_912}
+# pinned): step 1's phases, before AdamW's state exists (the plan's less the optimizer state),
+# each (VmHWM over the phase, RSS at the memory fit) of its run. The no-grad phases at 61744cc;
+# the update at 086cc42 (2026-12-04, 55 min under load: 8 micro-batches of one 6-row group of
+# up to 4036 prompt tokens each), which the plan gave 10.14 GiB before the checkpointed step
+# counted the expanded cache's gradients (actor_passes.step_cache_copies). Step 2's update, the
+# first with AdamW's state (+1.0 GiB resident), is not pinned: its measurement did not finish.
+LONG_CONTEXT_STEP1 = {
+    "actor log-probs": (6_174_302_208, 1_002_160_128),
+    "monitor exact": (8_805_158_912, 1_002_160_128),
+    "actor step": (11_305_086_976, 968_482_816),
+}
 
 
 @pytest.mark.parametrize("phase", list(LONG_CONTEXT_STEP1))
-def test_long_context_no_grad_phases_within_1_3x_above_step_1(phase):
+def test_long_context_step_1_phases_within_1_3x_above_the_measured(phase):
     cfg = load_config(
         ["data=long_context", "actor.activation_checkpointing=true",
          "actor.max_tokens_per_micro_batch=26112"]
     )  # fmt: skip
-    plan = plan_memory(cfg, SMOLLM2, 1, False, 4036, 37, runtime=1_002_160_128)
-    planned, measured = plan.phases[phase] - plan.optimizer, LONG_CONTEXT_STEP1[phase]
+    measured, runtime = LONG_CONTEXT_STEP1[phase]
+    plan = plan_memory(cfg, SMOLLM2, 1, False, 4036, 37, runtime=runtime)
+    planned = plan.phases[phase] - plan.optimizer
+    print(f"{phase}: plan {planned / GiB:.2f} GiB, measured {measured / GiB:.2f} GiB")
     assert measured <= planned <= 1.3 * measured, (phase, planned / measured)
