@@ -16,6 +16,7 @@ kernel_configs.py    the kernel benchmark's shapes and tile sweep
 prefix.py            prefix: generate with the shared prefix computed once vs not
 rollout.py           rollout: engine vs HF generate; sparse vs dense decode and p5
 step.py              step: one GRPO step with sparse and with dense rollouts
+pipeline.py          pipeline: GRPO steps at staleness 0 vs 1 on one process, the overlap
 push.py              push: the weight push to a rollout rank per bucket size vs colocated sync
 distill_attention.py DistillSparse's training-time attention: memory and time
 cuda_splits.py       the split-KV count a GPU would choose, and its merge launch

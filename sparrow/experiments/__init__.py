@@ -20,6 +20,8 @@
 - pipeline_simulation: a cost simulation (not a measurement) of the 8-H200 step of Qwen3-1.7B at
   32K, colocated against one-step-off R rollout + T training GPUs, dense and sparse; writes
   docs/pipeline/README.md's table (`--check`: is it current).
+- pipeline_study: the staleness parity study, rl.async.staleness 1 vs 0 on the default task
+  over seeds; writes docs/pipeline/README.md's study table (pipeline_table.py).
 - task_accuracy: a model's accuracy on an embedded task and the task's prompt lengths.
 - zero_signal_drift: how far AdamW moves the policy on steps whose advantages are all zero.
 
