@@ -220,11 +220,9 @@ def plan_memory(
     triton = on_gpu and eng.backend in ("auto", "triton")
     kv_pool, page_summaries, dense_copies = _engine_cache_bytes(cfg, shape, engine_bytes, triton)
     prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
-    prefill_tokens = max(eng.max_prefill_tokens, prompt)
     mb = actor_micro_batch(cfg, longest_prompt, common_prefix, world)
     value_bytes = 2 if bf16 else 4
     host = not on_gpu  # the device is host RAM: the process and its host-side buffers count
-    vocab_row = shape.vocab_size * 4  # one fp32 logits row
     exact_extra, kept_logits = _exact_monitor_bytes(
         cfg, shape, longest_prompt, common_prefix, world, value_bytes, host
     )
@@ -232,11 +230,7 @@ def plan_memory(
     row_cache = row_expanded_cache_bytes(shape, mb.expanded_tokens, value_bytes)
     heap_copies = _heap_copies(shape, mb.expanded_tokens, value_bytes) if host else 0
     logprob_extra = no_grad_pass_bytes(shape, mb, actor.logprob_chunk_tokens, value_bytes)
-    prefill_extra = prefill_activation_bytes(shape, prefill_tokens, engine_bytes)
-    decode_extra = eng.max_batch_size * vocab_row
-    overlap = 0
-    if cfg.rl.async_rollout.staleness:  # the draw's peak, and the replay's logits beside the kept
-        overlap = max(prefill_extra, decode_extra + kept_logits) + kept_logits
+    prefill_extra, decode_extra, overlap = _engine_transients(cfg, shape, prompt, kept_logits)
     checkpointing, chunk = actor.activation_checkpointing, actor.logprob_chunk_tokens
     return MemoryPlan(
         actor_weights=actor_weights,
@@ -265,6 +259,23 @@ def plan_memory(
         slack=ALLOCATOR_SLACK if host else 0.0,
         overlap=overlap,
     )
+
+
+def _engine_transients(
+    cfg: SparrowConfig, shape: ModelShape, prompt: int, kept_logits: int
+) -> tuple[int, int, int]:
+    """(prefill, decode, overlap) transient bytes of the engine: one prefill step's activations
+    (the longest prompt, or max_prefill_tokens), the sampler's fp32 logits of a full batch, and
+    with rl.async.staleness=1 what the next step's draw holds beside the update (its larger
+    transient, and the same-weights replay's logits beside the kept ones)."""
+    eng = cfg.rollout.engine
+    prefill_tokens = max(eng.max_prefill_tokens, prompt)
+    prefill = prefill_activation_bytes(shape, prefill_tokens, _DTYPE_BYTES[eng.dtype])
+    decode = eng.max_batch_size * shape.vocab_size * 4  # one fp32 logits row per sequence
+    overlap = 0
+    if cfg.rl.async_rollout.staleness:
+        overlap = max(prefill, decode + kept_logits) + kept_logits
+    return prefill, decode, overlap
 
 
 def _actor_state_bytes(
