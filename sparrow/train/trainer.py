@@ -206,7 +206,7 @@ class GRPOTrainer:
         """One GRPO step on this rank's share of the step's prompts; returns its metrics."""
         timer = PhaseTimer()
         sampled = self._sample(timer)  # rollout and rewards phases, once per round
-        train, drawn = sampled.train, sampled.drawn
+        train = sampled.train
         rollout, scores = train.rollout, train.scores
         with timer("rewards"):
             # The overlong penalty shapes the advantages only: accuracy and dynamic sampling's
@@ -251,19 +251,25 @@ class GRPOTrainer:
             self.engine_version = self.step + 1
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
-        # What the engine drew (with dynamic sampling: every round), not only what trained.
-        metrics = rollout_metrics(
-            drawn.rollout.batch, drawn.scores, drawn.rollout.outputs, self.ranks
-        )
-        metrics["rollout/preemptions"] = self.ranks.sum(drawn.rollout.stats.num_preemptions)
-        metrics |= acceptance.metrics | control | self.steering.kv_read(drawn.rollout.batch)
-        metrics |= sampled.metrics | update_metrics(update | distill) | overlong["metrics"]
-        metrics |= self.ranks.sums(drawn.scores.stats.as_metrics())
+        metrics = self._step_metrics(sampled, acceptance.metrics | control, update | distill)
+        metrics |= overlong["metrics"]
         self.reward_failures.check(self.step + 1, metrics)
         # Asynchronous: the rollout's throughput over its own time in the producer, not the wait.
         drawn_time = {"time/rollout_s": metrics["async/rollout_s"]} if self.staleness else {}
         throughput = throughput_metrics(metrics["rollout/tokens"], self.world, times | drawn_time)
         return metrics | times | throughput
+
+    def _step_metrics(self, sampled: Sampled, monitored: dict, updated: dict) -> dict:
+        """The step's metrics but its times: what the engine drew (with dynamic sampling every
+        round, not only what trained), the monitor's and controller's, the updates'."""
+        drawn = sampled.drawn
+        metrics = rollout_metrics(
+            drawn.rollout.batch, drawn.scores, drawn.rollout.outputs, self.ranks
+        )
+        metrics["rollout/preemptions"] = self.ranks.sum(drawn.rollout.stats.num_preemptions)
+        metrics |= monitored | self.steering.kv_read(drawn.rollout.batch)
+        metrics |= sampled.metrics | update_metrics(updated)
+        return metrics | self.ranks.sums(drawn.scores.stats.as_metrics())
 
     # ---- the phases -------------------------------------------------------------------------
 
