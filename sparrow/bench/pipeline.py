@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sparrow.bench.device import bench_device
 from sparrow.cli.errors import ArgumentParser, at_least
 
 TIME_PREFIX, ASYNC_PREFIX, SUFFIX = "time/", "async/", "_s"
@@ -187,4 +188,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     bad = [a for a in rest if "=" not in a]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)}")
+    # The trainer builds on CUDA when present (GRPOTrainer), as bench_device() chooses.
+    args.device = bench_device()
     return args, rest

@@ -99,8 +99,10 @@ def build(name: str, module, args):
     if name == "actor":  # what both measurements build: the batch and the model (DeepSpeed aside)
         batch = module.grouped_batch(1, 2, 0, 8, 8, module.MEMORY_VOCAB, args.device)
         return batch, module.memory_model(args.device)
-    if name == "step":
+    if name in ("step", "pipeline"):
         return None  # builds nothing itself: the trainer places everything (CUDA when present)
+    if name == "push":
+        return None  # builds in the torchrun ranks it starts, on the CPU (gloo) by design
     raise KeyError(f"no build for subcommand {name!r}: add one to {__file__}")
 
 
@@ -114,6 +116,8 @@ TINY = {  # arguments that keep each build small
     "dense-shared": ["--model", "tiny-qwen3", "--context", "40", "--samples", "2"],
     "distill-attention": [],
     "step": [],
+    "pipeline": [],
+    "push": [],
 }
 
 

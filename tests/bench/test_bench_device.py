@@ -39,11 +39,15 @@ def test_every_subcommand_is_checked(planted):
     assert set(planted) == set(COMMANDS)
 
 
+# Subcommands that run on the CPU whatever the machine holds, and why.
+CPU_BY_DESIGN = {"push": "two local ranks over gloo: a rollout rank would need a GPU of its own"}
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_subcommand_builds_on_the_gpu_it_finds(planted, name):
     entry = planted[name]
     assert not entry["imports_interpreted"], "a GPU is present: the kernels must compile"
-    assert entry["device"] == "cuda"
+    assert entry["device"] == ("cpu" if name in CPU_BY_DESIGN else "cuda")
     assert entry["build"] == "ok", entry["build"]
     assert entry["cpu_tensors"] == [], f"{name} built tensors on the CPU: {entry['cpu_tensors']}"
 

@@ -121,7 +121,7 @@ TINY: dict[str, list[Run]] = {
         Run(
             "step --random-model qwen3-debug --json JSON_PATH preset=tiny "
             "rl.prompts_per_step=1 rollout.max_new_tokens=8",
-            "sparse.rollout_s sparse.logprobs_s sparse.monitor_s sparse.update_s sparse.step_s "
+            "sparse.rollout_s sparse.monitor_s sparse.update_s sparse.step_s "
             "sparse.prefill_s sparse.decode_s sparse.kv_read_ratio sparse.accept_p5_min "
             "dense.rollout_s dense.step_s rollout_speedup step_speedup step_speedup_excl_monitor",
         ),
