@@ -82,7 +82,7 @@ def trainer(args, roles) -> None:
 def update(model, out: Path, next_step: int, rank: int, steps: int) -> None:
     """+1 on every weight, finished only once the next step's draw has started."""
     if next_step < steps:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a hang guard: the draw starts in ms when healthy
         while not marker(out, next_step, rank).exists():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"step {next_step}'s draw never started during the update")
