@@ -1,14 +1,14 @@
 """The CPU memory plan against what the README's commands measured on the 2-core, 24 GiB VM
 (issue 47 item 6): the plan's peak is at least the process's peak resident size and at most 1.3x.
 
-Each command ran (make train's at 61744cc, the long-context one at 086cc42) in a wrapper around sparrow.cli.train.main that reset the kernel's
-high-water mark (`echo 5 > /proc/self/clear_refs`) at every phase boundary (the PhaseTimer's
-phases, the evaluation) and read VmHWM there (exact, not sampled), and recorded the RSS when the
-memory fit ran (the plan's `runtime`). rl.steps=2: AdamW's state is created at the end of the
-first update, so the second update is the first whose backward holds it and the run's peak
-(later steps repeat its shapes; the full `make train` at 4d2ba94 peaked at 12.7 GiB under
-/usr/bin/time -v). tests/train/test_host_memory.py's slow test measures both commands again,
-with the process's ru_maxrss against the plan its own fit made.
+Each command ran (make train's at 61744cc, the long-context one at 086cc42) in a wrapper around
+sparrow.cli.train.main that reset the kernel's high-water mark (`echo 5 > /proc/self/clear_refs`) at
+every phase boundary (the PhaseTimer's phases, the evaluation) and read VmHWM there (exact, not
+sampled), and recorded the RSS when the memory fit ran (the plan's `runtime`). rl.steps=2: AdamW's
+state is created at the end of the first update, so the second update is the first whose backward
+holds it and the run's peak (later steps repeat its shapes; the full `make train` at 4d2ba94 peaked
+at 12.7 GiB under /usr/bin/time -v). tests/train/test_host_memory.py's slow test measures both
+commands again, with the process's ru_maxrss against the plan its own fit made.
 """
 
 from dataclasses import dataclass
