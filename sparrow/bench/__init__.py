@@ -5,7 +5,7 @@ device.py            the one device a bench builds on (CUDA when present), seede
 actor.py             actor: share_prefix on vs off; peak memory of an update vs the estimate
 decode_step.py       decode-step: one whole-model decode step, sparse vs dense (CUDA events)
 decode_step_args.py  decode-step's arguments and their GPU / CPU defaults
-decode_step_report.py decode-step's problems check, printed rows and JSON file
+decode_step_report.py decode-step's problems check and printed rows
 step_timer.py        the decode-step's timer: CUDA events or the wall clock, host share
 decode.py            decode: one decode step's launches, host syncs, page-table cost
 dense_shared.py      dense-shared: one prompt's samples, shared pages via the kernel vs copies
@@ -17,6 +17,7 @@ prefix.py            prefix: generate with the shared prefix computed once vs no
 rollout.py           rollout: engine vs HF generate; sparse vs dense decode and p5
 step.py              step: one GRPO step with sparse and with dense rollouts
 pipeline.py          pipeline: GRPO steps at staleness 0 vs 1 on one process, the overlap
+trainer_args.py      the trainer benches' flags-then-overrides parser; every bench's JSON file
 push.py              push: the weight push to a rollout rank per bucket size vs colocated sync
 distill_attention.py DistillSparse's training-time attention: memory and time
 cuda_splits.py       the split-KV count a GPU would choose, and its merge launch

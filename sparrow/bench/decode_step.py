@@ -45,10 +45,11 @@ import torch
 import transformers
 
 from sparrow.bench.decode_step_args import parse_args
-from sparrow.bench.decode_step_report import print_profile, print_row, problems, write_report
+from sparrow.bench.decode_step_report import print_profile, print_row, problems
 from sparrow.bench.jit_compiles import CompileWatch
 from sparrow.bench.random_runner import RandomWeights
 from sparrow.bench.step_timer import StepTimer, host_share, summary
+from sparrow.bench.trainer_args import write_json
 from sparrow.models.random_init import random_model_config
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.engine import EngineConfig, LLMEngine
@@ -333,7 +334,7 @@ def compile_only(args) -> int:
         "graph_captures": graphs.num_captured if graphs is not None else 0,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    write_report(args.json, report)
+    write_json(args.json, report, announce=False)
     print(
         f"decode-step --compile-only: {report['jit_compiles']} Triton compiles, "
         f"{report['graph_captures']} graph captures, {report['seconds']} s",
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             tail = traceback.format_exc(limit=-3)
             report["errors"].append({"batch": batch, "error": f"{type(err).__name__}: {err}"})
             print(f"batch {batch} failed: {tail}", flush=True)
-        write_report(args.json, report)  # what ran survives a later failure
+        write_json(args.json, report, announce=False)  # what ran survives a later failure
     if args.profile_steps > 0 and bench.device.type == "cuda":
         try:  # after every timed configuration and capture
             profile_pass(bench, args, report)
@@ -413,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in report["runs"]
     }
     report["problems"] = problems(report)
-    write_report(args.json, report)
+    write_json(args.json, report, announce=False)
     for line in report["problems"]:
         print(f"sparrow-bench decode-step: {line}")
     return 1 if report["problems"] else 0

@@ -1,8 +1,5 @@
-"""`sparrow-bench decode-step`'s report: what a run failed to do as asked, its printed rows, and
-its JSON file (sparrow/bench/decode_step.py fills the report)."""
-
-import json
-from pathlib import Path
+"""`sparrow-bench decode-step`'s report: what a run failed to do as asked and its printed rows
+(sparrow/bench/decode_step.py fills the report and writes it)."""
 
 
 def problems(report: dict) -> list[str]:
@@ -47,9 +44,3 @@ def print_profile(rows: list[dict]) -> None:
             f"sparse {share(row['sparse'])} dense {share(row['dense'])} (profiled)",
             flush=True,
         )
-
-
-def write_report(path: str | None, report: dict) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=2) + "\n")

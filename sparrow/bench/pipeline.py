@@ -21,14 +21,12 @@ update or the asynchronous arm overlapped nothing.
 """
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
-from sparrow.bench.device import bench_device
-from sparrow.cli.errors import ArgumentParser, at_least
+from sparrow.bench.trainer_args import parse_with_overrides, trainer_parser, write_json
+from sparrow.cli.errors import at_least
 
 TIME_PREFIX, ASYNC_PREFIX, SUFFIX = "time/", "async/", "_s"
 MEASURE_DEFAULTS = {"monitor.speedup_every": "0", "rl.skip_no_signal": "false"}
@@ -57,11 +55,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"sparrow-bench pipeline: config error: {err}", flush=True)
                 return 2
             report[label] = run_arm(cfg, args.steps, args.warmup, label)
-            _write(args.json, report)  # partial results survive a later timeout
+            write_json(args.json, report)  # partial results survive a later timeout
     report |= ratios(report["sync"], report["async1"])
     report["problems"] = problems(report)
     print_table(report)
-    _write(args.json, report)
+    write_json(args.json, report)
     for line in report["problems"]:
         print(f"sparrow-bench pipeline: {line}", flush=True)
     return 1 if report["problems"] else 0
@@ -167,27 +165,9 @@ def print_table(report: dict) -> None:
     )
 
 
-def _write(path: str | None, report: dict) -> None:
-    if not path:
-        return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}", flush=True)
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = ArgumentParser(
-        prog="sparrow-bench pipeline",
-        description=__doc__.split("\n\n")[0],
-        epilog="Remaining arguments are Hydra overrides (key=value), as for sparrow-train.",
-    )
-    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p = trainer_parser("sparrow-bench pipeline", __doc__)
     p.add_argument("--steps", type=at_least(2), default=3, help="measured steps per arm (>= 2)")
     p.add_argument("--warmup", type=at_least(0), default=1, help="unmeasured steps before them")
-    args, rest = p.parse_known_args(argv)
-    bad = [a for a in rest if "=" not in a]
-    if bad:
-        p.error(f"unrecognized arguments: {' '.join(bad)}")
-    # The trainer builds on CUDA when present (GRPOTrainer), as bench_device() chooses.
-    args.device = bench_device()
+    args, rest = parse_with_overrides(p, argv)
     return args, rest

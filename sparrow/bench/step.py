@@ -45,7 +45,6 @@ two-forward arm timing none.
 import argparse
 import cProfile
 import gc
-import json
 import math
 import pstats
 import resource
@@ -57,8 +56,8 @@ from pathlib import Path
 import torch
 
 from sparrow import malloc
-from sparrow.bench.device import bench_device
-from sparrow.cli.errors import ArgumentParser, at_least
+from sparrow.bench.trainer_args import parse_with_overrides, trainer_parser, write_json
+from sparrow.cli.errors import at_least
 
 TIME_PREFIX, TIME_SUFFIX = "time/", "_s"  # the trainer's per-phase seconds: time/<phase>_s
 FORWARD_ARMS = (("one_forward", "update"), ("two_forwards", "separate"))  # --forwards: dense_pass
@@ -110,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
             if label == "dense" and cfg.schedule.mode != "dense":
                 raise AssertionError(f"the dense run composed schedule.mode={cfg.schedule.mode}")
             report[label] = run_step(cfg, args, label)
-            _write(args.json, report)  # partial results survive a later timeout
+            write_json(args.json, report)  # partial results survive a later timeout
     if args.forwards:
         report |= forward_ratios(report["one_forward"], report["two_forwards"])
     else:
         report |= speedups(report["sparse"], report["dense"])
     report["problems"] = problems(report)
     print_table(report)
-    _write(args.json, report)
+    write_json(args.json, report)
     for line in report["problems"]:
         print(f"sparrow-bench step: {line}", flush=True)
     return 1 if report["problems"] else 0
@@ -329,21 +328,8 @@ def _fmt(value) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
-def _write(path: str | None, report: dict) -> None:
-    if not path:
-        return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}", flush=True)
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = ArgumentParser(
-        prog="sparrow-bench step",
-        description=__doc__.split("\n\n")[0],
-        epilog="Remaining arguments are Hydra overrides (key=value), as for sparrow-train.",
-    )
-    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p = trainer_parser("sparrow-bench step", __doc__)
     p.add_argument("--warmup", action="store_true", help="one short unmeasured step first")
     p.add_argument(
         "--warmup-tokens", type=at_least(1), default=16, help="new tokens of the warm-up step"
@@ -367,13 +353,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="one dense forward per step vs two (rl.dense_pass update vs separate), both sparse",
     )
     p.add_argument("--profile", type=at_least(0), default=0, help="cProfile each step: print top N")
-    args, rest = p.parse_known_args(argv)
-    bad = [a for a in rest if "=" not in a and not a.startswith("~")]  # ~key: Hydra's delete
-    if bad:
-        p.error(f"unrecognized arguments: {' '.join(bad)}")
+    args, rest = parse_with_overrides(p, argv)
     if not any(_key(o) == "preset" for o in rest):
         rest = [f"preset={DEFAULT_PRESET}", *rest]
-    # The trainer places engine, actor and adapter on CUDA when present (GRPOTrainer), which is
-    # bench_device()'s rule: the bench's own choices (random weights' dtype, memory) follow it.
-    args.device = bench_device()
     return args, rest

@@ -4,7 +4,8 @@
 - study: a study declared (`Study`: its arms, seeds, shared overrides, report) and `study_main`,
   every study's command (--status, --report, --background, overrides after `--`); study_runs:
   its runs as sparrow-train processes; study_files: what every study reads and writes (metrics
-  rows, wall time, the README's table block).
+  rows, wall time, the metrics' copies under docs/, the README's table block); table_cells: the
+  values and printed cells every study table is made of (means, 95% intervals, "-").
 - stability_study: long GRPO runs at several tau (and dense, fixed-schedule, DistillSparse arms)
   side by side; writes docs/stability/ (stability_table.py: the table and overlay plots).
 - parity_study: learning parity of sparse (tail rule) vs dense rollouts over seeds at the

@@ -4,16 +4,27 @@ from those copies alone, and a plot of held-out accuracy per arm, written betwee
 markers of docs/correction/README.md."""
 
 import datetime
-import math
-import shutil
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END, rows_by_step, splice_table
-
-Interval = tuple[float, float, float]  # value, lower and upper end of its 95% interval
+from sparrow.experiments.study_files import (
+    TABLE_BEGIN,
+    TABLE_END,
+    copy_metrics,
+    rows_by_step,
+    splice_table,
+)
+from sparrow.experiments.table_cells import (
+    Interval,
+    cell,
+    ci_cell,
+    finite,
+    finite_values,
+    interval,
+    mean,
+)
 
 
 @dataclass(frozen=True)
@@ -35,18 +46,6 @@ class CorrectionRun:
     train_min: float  # minutes in training steps (the trainer's clock, time/step_s summed)
 
 
-def copy_metrics(root: Path, names: list[str], docs: Path) -> None:
-    """ROOT/<run>/metrics.jsonl -> DOCS/runs/<run>/metrics.jsonl for every run that has one."""
-    for name in names:
-        source = root / name / "metrics.jsonl"
-        if source.is_file():
-            target = docs / "runs" / name / "metrics.jsonl"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(".tmp")
-            shutil.copyfile(source, tmp)
-            tmp.replace(target)
-
-
 def summarize_run(runs_dir: Path, name: str, steps: int, prompts_per_step: int) -> CorrectionRun:
     rows = rows_by_step(runs_dir / name)
     evals = [rows[s] for s in sorted(rows) if "eval/accuracy" in rows[s]]
@@ -58,50 +57,20 @@ def summarize_run(runs_dir: Path, name: str, steps: int, prompts_per_step: int) 
         arm=name.rsplit("_s", 1)[0],
         steps_logged=max((s for s in rows if s > 0), default=0),
         steps_total=steps,
-        before=_interval(evals[0], "eval/accuracy") if evals else None,
-        after=_interval(last, "eval/accuracy"),
-        delta=_interval(last, "eval/delta"),
+        before=interval(evals[0], "eval/accuracy") if evals else None,
+        after=interval(last, "eval/accuracy"),
+        delta=interval(last, "eval/delta"),
         updates=sum(
             1 for r in train if not r.get("update/no_signal") and not r.get("update/skipped")
         ),
-        groups_drawn=_mean([r["sampling/groups_drawn"] for r in sampled])
-        or float(prompts_per_step),
-        groups_kept=_mean([r["sampling/groups_kept"] for r in sampled]),
+        groups_drawn=mean([r["sampling/groups_drawn"] for r in sampled]) or float(prompts_per_step),
+        groups_kept=mean([r["sampling/groups_kept"] for r in sampled]),
         round_limit_steps=sum(1 for r in sampled if r["sampling/round_limit_hit"]),
-        kv_read=_mean([r["kv_read_ratio"] for r in train if _finite(r.get("kv_read_ratio"))]),
-        truncated=_mean(_values(train, "correction/truncated_frac")),
-        masked=_mean(_values(train, "correction/masked_frac")),
-        train_min=sum(_values(train, "time/step_s")) / 60,
+        kv_read=mean([r["kv_read_ratio"] for r in train if finite(r.get("kv_read_ratio"))]),
+        truncated=mean(finite_values(train, "correction/truncated_frac")),
+        masked=mean(finite_values(train, "correction/masked_frac")),
+        train_min=sum(finite_values(train, "time/step_s")) / 60,
     )
-
-
-def _interval(row: dict, key: str) -> Interval | None:
-    if key not in row:
-        return None
-    return row[key], row[f"{key}_lo95"], row[f"{key}_hi95"]
-
-
-def _values(rows: list[dict], key: str) -> list[float]:
-    return [r[key] for r in rows if _finite(r.get(key))]
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _f(value: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def _ci(interval: Interval | None, fmt: str = "{:.3f}") -> str:
-    if interval is None:
-        return "-"
-    value, lo, hi = (fmt.format(v) for v in interval)
-    return f"{value} ({lo} to {hi})"
 
 
 def format_runs(runs: list[CorrectionRun]) -> str:
@@ -113,11 +82,12 @@ def format_runs(runs: list[CorrectionRun]) -> str:
     ]
     for r in runs:
         lines.append(
-            f"| {r.name} | {r.steps_logged}/{r.steps_total} | {_ci(r.before)} | {_ci(r.after)} "
-            f"| {_ci(r.delta, '{:+.3f}')} | {r.updates} | {r.groups_drawn:.1f} | "
-            f"{_f(r.groups_kept, '{:.1f}')} | {r.round_limit_steps if r.groups_kept else '-'} | "
-            f"{_f(r.kv_read, '{:.2f}')} | {_f(r.truncated, '{:.4f}')} | "
-            f"{_f(r.masked, '{:.4f}')} | {r.train_min:.1f} |"
+            f"| {r.name} | {r.steps_logged}/{r.steps_total} | {ci_cell(r.before)} "
+            f"| {ci_cell(r.after)} "
+            f"| {ci_cell(r.delta, '{:+.3f}')} | {r.updates} | {r.groups_drawn:.1f} | "
+            f"{cell(r.groups_kept, '{:.1f}')} | {r.round_limit_steps if r.groups_kept else '-'} | "
+            f"{cell(r.kv_read, '{:.2f}')} | {cell(r.truncated, '{:.4f}')} | "
+            f"{cell(r.masked, '{:.4f}')} | {r.train_min:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END, rows_by_step, splice_table
+from sparrow.experiments.table_cells import cell, mean
 
 REPO = Path(__file__).resolve().parents[2]
 SETTLED_AFTER = 5  # steps the controller takes to leave its start budget: out of the KV means
@@ -46,10 +47,6 @@ def _finite(values) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
 
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
 def summarize(run_dir: Path) -> DistillRun:
     rows = [r for s, r in sorted(rows_by_step(run_dir).items()) if s > 0]
     kl = _finite(r.get(KL_KEY) for r in rows)
@@ -63,8 +60,8 @@ def summarize(run_dir: Path) -> DistillRun:
         sparse_tokens=_finite(r.get("rollout/sparse_tokens") for r in rows),
         tokens=_finite(r.get("rollout/tokens") for r in rows),
         kv_read=_finite(r.get("kv_read_ratio") for r in rows[SETTLED_AFTER:]),
-        kl_first=_mean(kl[:5]),
-        kl_last=_mean(kl[-5:]) if len(kl) > 5 else None,
+        kl_first=mean(kl[:5]),
+        kl_last=mean(kl[-5:]) if len(kl) > 5 else None,
         p5_min=statistics.median(p5)
         if (p5 := _finite(r.get("accept/p5_min") for r in rows))
         else None,  # fmt: skip
@@ -75,10 +72,6 @@ def summarize(run_dir: Path) -> DistillRun:
         else None,  # fmt: skip
         tail=json.loads(tail.read_text()) if tail.is_file() else None,
     )
-
-
-def _f(value: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if value is None else fmt.format(value)
 
 
 def _spread(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -100,11 +93,11 @@ def format_runs(runs: list[DistillRun]) -> str:
         sparse = "-" if not r.sparse_tokens else (
             f"{statistics.fmean(r.sparse_tokens):,.0f} ({min(r.sparse_tokens):,.0f})"
         )  # fmt: skip
-        kl = "-" if r.kl_first is None else f"{r.kl_first:.4f} -> {_f(r.kl_last, '{:.4f}')}"
+        kl = "-" if r.kl_first is None else f"{r.kl_first:.4f} -> {cell(r.kl_last, '{:.4f}')}"
         lines.append(
-            f"| {r.name} | {r.steps} | {sparse} | {_f(_mean(r.tokens), '{:,.0f}')} | "
-            f"{_spread(r.kv_read)} | {' '.join(map(str, r.budgets)) or '-'} | {_f(r.p5_min)} | "
-            f"{kl} | {_f(r.step_s_median, '{:.0f}')} | {r.step_h:.2f} |"
+            f"| {r.name} | {r.steps} | {sparse} | {cell(mean(r.tokens), '{:,.0f}')} | "
+            f"{_spread(r.kv_read)} | {' '.join(map(str, r.budgets)) or '-'} | {cell(r.p5_min)} | "
+            f"{kl} | {cell(r.step_s_median, '{:.0f}')} | {r.step_h:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -3,13 +3,11 @@ from the runs' metrics.jsonl, and plots of reward, held-out accuracy, KV-read an
 written between markers into docs/parity/README.md."""
 
 import datetime
-import math
 import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
 
 from sparrow.experiments.study_files import (
     TABLE_BEGIN,
@@ -18,6 +16,7 @@ from sparrow.experiments.study_files import (
     run_wall_s,
     splice_table,
 )
+from sparrow.experiments.table_cells import cell, finite, mean
 
 SETTLED_AFTER = 3  # steps the controller needs to leave its start budget; excluded from means
 _P5_BIN = re.compile(r"^accept/p5/bin(\d+)$")
@@ -52,7 +51,7 @@ def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> Parit
     p5 = defaultdict(list)
     held = []
     for r in settled:
-        bins = {int(m[1]): v for k, v in r.items() if (m := _P5_BIN.match(k)) and _finite(v)}
+        bins = {int(m[1]): v for k, v in r.items() if (m := _P5_BIN.match(k)) and finite(v)}
         for b, v in bins.items():
             p5[b].append(v)
         counted = [v for b, v in bins.items() if r.get(f"accept/count/bin{b}", 0) >= MIN_TOKENS]
@@ -70,10 +69,10 @@ def summarize_run(root: Path, name: str, steps: int, tau: float = 0.86) -> Parit
         after=last.get("eval/accuracy") if len(evals) > 1 else None,
         delta=delta,
         reward=[r["reward/mean"] for r in train],
-        kv_read=_mean([r["kv_read_ratio"] for r in settled if _finite(r.get("kv_read_ratio"))]),
+        kv_read=mean([r["kv_read_ratio"] for r in settled if finite(r.get("kv_read_ratio"))]),
         p5_by_bin={b: statistics.median(v) for b, v in sorted(p5.items())},
-        p5_held=_mean([float(h) for h in held]),
-        tis_truncated=_mean([t for r in train if _finite(t := truncated_frac(r))]),
+        p5_held=mean([float(h) for h in held]),
+        tis_truncated=mean([t for r in train if finite(t := truncated_frac(r))]),
         updates=sum(1 for r in train if not r.get("update/no_signal")),
         wall_h=run_wall_s(root, name) / 3600,
     )
@@ -87,18 +86,6 @@ def truncated_frac(row: dict) -> float | None:
 
 def _get(key: str):
     return lambda row: row.get(key)
-
-
-def _finite(value) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _f(value: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if value is None else fmt.format(value)
 
 
 def format_runs(runs: list[ParityRun]) -> str:
@@ -121,9 +108,10 @@ def format_runs(runs: list[ParityRun]) -> str:
             )
         p5 = " ".join(f"b{b}:{v:.2f}" for b, v in r.p5_by_bin.items()) or "-"
         lines.append(
-            f"| {r.name} | {r.steps_logged}/{r.steps_total} | {_f(r.before)} -> {_f(r.after)} | "
-            f"{delta} | {reward} | {r.updates} | {_f(r.kv_read, '{:.2f}')} | {p5} | "
-            f"{_f(r.p5_held, '{:.0%}')} | {_f(r.tis_truncated, '{:.4f}')} | {r.wall_h:.2f} |"
+            f"| {r.name} | {r.steps_logged}/{r.steps_total} | "
+            f"{cell(r.before)} -> {cell(r.after)} | "
+            f"{delta} | {reward} | {r.updates} | {cell(r.kv_read, '{:.2f}')} | {p5} | "
+            f"{cell(r.p5_held, '{:.0%}')} | {cell(r.tis_truncated, '{:.4f}')} | {r.wall_h:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -143,12 +131,12 @@ def format_arms(runs: list[ParityRun]) -> str:
         # every run here has both (an after needs a second evaluation, so a first one)
         after = [r.after for r in done if r.after is not None]
         gains = [r.after - r.before for r in done if r.after is not None and r.before is not None]
-        kv = _mean([r.kv_read for r in done if r.kv_read is not None])
-        tis = _mean([r.tis_truncated for r in done if r.tis_truncated is not None])
+        kv = mean([r.kv_read for r in done if r.kv_read is not None])
+        tis = mean([r.tis_truncated for r in done if r.tis_truncated is not None])
         lines.append(
             f"| {arm} | {len(done)} | {statistics.fmean(after):.3f} ({min(after):.3f}-"
-            f"{max(after):.3f}) | {statistics.fmean(gains):+.3f} | {_f(kv, '{:.2f}')} | "
-            f"{_f(tis, '{:.4f}')} |"
+            f"{max(after):.3f}) | {statistics.fmean(gains):+.3f} | {cell(kv, '{:.2f}')} | "
+            f"{cell(tis, '{:.4f}')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -173,7 +161,7 @@ def plot_arms(root: Path, runs: list[ParityRun], out: Path) -> None:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for r in runs:
             rows = rows_by_step(root / r.name)
-            points = [(s, value(row)) for s, row in sorted(rows.items()) if _finite(value(row))]
+            points = [(s, value(row)) for s, row in sorted(rows.items()) if finite(value(row))]
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, marker=".", color=colors.get(r.arm), alpha=0.8, label=r.name)

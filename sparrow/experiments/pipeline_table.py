@@ -5,16 +5,28 @@ read from those copies alone and written between the study-table markers of
 docs/pipeline/README.md."""
 
 import datetime
-import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparrow.experiments.correction_table import copy_metrics
-from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END, rows_by_step, splice_table
+from sparrow.experiments.study_files import (
+    TABLE_BEGIN,
+    TABLE_END,
+    copy_metrics,
+    rows_by_step,
+    splice_table,
+)
+from sparrow.experiments.table_cells import (
+    Interval,
+    cell,
+    ci_cell,
+    finite_values,
+    interval,
+    mean,
+    median,
+)
 
-Interval = tuple[float, float, float]  # value, lower and upper end of its 95% interval
 BASE, STALE = "sync", "async1"  # the arms compared (pipeline_study.ARMS)
 
 
@@ -51,47 +63,18 @@ def summarize_run(runs_dir: Path, name: str, steps: int) -> PipelineRun:
         steps_logged=max((s for s in rows if s > 0), default=0),
         steps_total=steps,
         before=evals[0]["eval/accuracy"] if evals else None,
-        after=_interval(last, "eval/accuracy"),
-        gain=_interval(last, "eval/delta"),
-        staleness=_mean(_values(train, "async/staleness")) or 0.0,
-        p5_min=_median(_values(train, "accept/p5_min")),
-        kv_read=_mean(_values(train, "kv_read_ratio")),
-        step_s=_mean(_values(train, "time/step_s")),
+        after=interval(last, "eval/accuracy"),
+        gain=interval(last, "eval/delta"),
+        staleness=mean(finite_values(train, "async/staleness")) or 0.0,
+        p5_min=median(finite_values(train, "accept/p5_min")),
+        kv_read=mean(finite_values(train, "kv_read_ratio")),
+        step_s=mean(finite_values(train, "time/step_s")),
     )
 
 
-def _interval(row: dict, key: str) -> Interval | None:
-    if key not in row:
-        return None
-    return row[key], row[f"{key}_lo95"], row[f"{key}_hi95"]
-
-
-def _values(rows: list[dict], key: str) -> list[float]:
-    return [v for r in rows if isinstance(v := r.get(key), (int, float)) and math.isfinite(v)]
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _f(value: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def _ci(interval: Interval | None, fmt: str = "{:.3f}") -> str:
-    if interval is None:
-        return "-"
-    value, lo, hi = (fmt.format(v) for v in interval)
-    return f"{value} ({lo} to {hi})"
-
-
 def _spread(values: list[float], fmt: str = "{:+.3f}") -> str:
-    mean, lo, hi = statistics.fmean(values), min(values), max(values)
-    return f"{fmt.format(mean)} ({fmt.format(lo)} to {fmt.format(hi)})"
+    avg, lo, hi = statistics.fmean(values), min(values), max(values)
+    return f"{fmt.format(avg)} ({fmt.format(lo)} to {fmt.format(hi)})"
 
 
 def format_runs(runs: list[PipelineRun]) -> str:
@@ -102,9 +85,10 @@ def format_runs(runs: list[PipelineRun]) -> str:
     ]
     for r in runs:
         lines.append(
-            f"| {r.name} | {r.steps_logged}/{r.steps_total} | {_f(r.before)} | {_ci(r.after)} "
-            f"| {_ci(r.gain, '{:+.3f}')} | {r.staleness:.2f} | {_f(r.p5_min)} "
-            f"| {_f(r.kv_read, '{:.2f}')} | {_f(r.step_s, '{:.1f}')} |"
+            f"| {r.name} | {r.steps_logged}/{r.steps_total} | {cell(r.before)} "
+            f"| {ci_cell(r.after)} "
+            f"| {ci_cell(r.gain, '{:+.3f}')} | {r.staleness:.2f} | {cell(r.p5_min)} "
+            f"| {cell(r.kv_read, '{:.2f}')} | {cell(r.step_s, '{:.1f}')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ from sparrow.experiments.study_files import (
     run_wall_s,
     splice_table,
 )
+from sparrow.experiments.table_cells import cell, mean
 
 
 def _values(rows: dict[int, dict], key: str, training_only: bool = True) -> list[float]:
@@ -84,21 +85,13 @@ def summarize(root: Path, run, steps: int, dense_tok_s: float | None) -> RunSumm
         first_accuracy=rows[evals[0]]["eval/accuracy"] if evals else None,
         reward_first=statistics.fmean(reward[:5]) if reward else None,
         reward_last=statistics.fmean(reward[-5:]) if reward else None,
-        kv_read_ratio=_mean(_values(rows, "kv_read_ratio")),
+        kv_read_ratio=mean(_values(rows, "kv_read_ratio")),
         p5_min=statistics.median(p5) if (p5 := _values(rows, "accept/p5_min")) else None,
         speedup=speedup,
         speedup_source=source,
-        speedup_predicted=_mean(_values(rows, "speedup/predicted")),
+        speedup_predicted=mean(_values(rows, "speedup/predicted")),
         wall_h=run_wall_s(root, run.name) / 3600,
     )
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _f(value: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if value is None else fmt.format(value)
 
 
 def format_table(summaries: list[RunSummary]) -> str:
@@ -118,9 +111,9 @@ def format_table(summaries: list[RunSummary]) -> str:
         speedup = "-" if s.speedup is None else f"{s.speedup:.2f}x {s.speedup_source}"
         lines.append(
             f"| {s.name} | {s.setting} | {s.steps_logged}/{s.steps_total} | {acc} | "
-            f"{_f(s.first_accuracy)} | {_f(s.reward_first)} -> {_f(s.reward_last)} | "
-            f"{_f(s.kv_read_ratio)} | {_f(s.p5_min)} | {speedup} | "
-            f"{_f(s.speedup_predicted, '{:.2f}x')} | {s.wall_h:.2f} |"
+            f"{cell(s.first_accuracy)} | {cell(s.reward_first)} -> {cell(s.reward_last)} | "
+            f"{cell(s.kv_read_ratio)} | {cell(s.p5_min)} | {speedup} | "
+            f"{cell(s.speedup_predicted, '{:.2f}x')} | {s.wall_h:.2f} |"
         )
     return head + "\n".join(lines) + "\n"
 

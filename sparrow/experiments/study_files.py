@@ -1,8 +1,9 @@
 """The files every study reads and writes, whatever its table: a run's metrics.jsonl rows by step,
-a run's wall time from the study's status.jsonl, and the generated block between the table
-markers of a study's README."""
+a run's wall time from the study's status.jsonl, the copies of the runs' metrics under docs/, and
+the generated block between the table markers of a study's README."""
 
 import json
+import shutil
 from pathlib import Path
 
 from sparrow.train.logs.metrics_logger import read_metrics
@@ -42,3 +43,15 @@ def splice_table(docs: Path, block: str, title: str) -> Path:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     readme.write_text(text)
     return readme
+
+
+def copy_metrics(root: Path, names: list[str], docs: Path) -> None:
+    """ROOT/<run>/metrics.jsonl -> DOCS/runs/<run>/metrics.jsonl for every run that has one."""
+    for name in names:
+        source = root / name / "metrics.jsonl"
+        if source.is_file():
+            target = docs / "runs" / name / "metrics.jsonl"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            shutil.copyfile(source, tmp)
+            tmp.replace(target)
