@@ -167,12 +167,12 @@ def run_step(cfg, args, label: str) -> dict:
             f"the trainer built on {trainer.engine.runner.device}, not {args.device}"
         )
     if args.warmup:
-        measured = trainer.sampling
-        trainer.sampling = replace(
+        measured = trainer.draw.sampling
+        trainer.draw.sampling = replace(
             measured, max_tokens=min(args.warmup_tokens, measured.max_tokens)
         )
         warm = trainer.train_step()
-        trainer.sampling = measured
+        trainer.draw.sampling = measured
         print(f"   warm-up step: {warm['time/step_s']:.1f} s")
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:

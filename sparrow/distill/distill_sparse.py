@@ -29,7 +29,7 @@ from sparrow.distill.loss import distill_loss
 from sparrow.distill.sparse_policy import SparsePolicy
 from sparrow.distributed import Ranks
 from sparrow.rl.batch import RolloutBatch
-from sparrow.rl.policy_logprobs import common_prefix_len
+from sparrow.rl.shared_prompt_passes import common_prefix_len
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 
 

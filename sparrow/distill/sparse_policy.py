@@ -39,7 +39,7 @@ from sparrow.distill.sparse_attention import (
     query_budgets,
     register_attention,
 )
-from sparrow.rl.policy_logprobs import cache_keyword, common_prefix_len
+from sparrow.rl.shared_prompt_passes import cache_keyword, common_prefix_len
 from sparrow.rollout.model import hf_weight_name
 from sparrow.rollout.paged_attention import SparseAttentionConfig
 

@@ -14,7 +14,7 @@ Both passes compute a GRPO group's prompt once. The engine's `score` prefills ea
 prompt once and shares its KV pages between the rows that replay it. The dense actor runs each
 group's prompt (a run of consecutive rows with equal prompt tokens) once into a KV cache, indexes
 the cache out to the group's rows and runs their completions on it, with the helper of the
-actor's group-shared log-prob pass (`group_shared_hidden`, rl/policy_logprobs.py):
+actor's group-shared log-prob pass (`group_shared_hidden`, rl/shared_prompt_passes.py):
 P + sum(C_i - 1) decoder tokens per group instead of G (P + C). Logits are computed only where
 they are compared (the last prompt position and the completion positions, never (b, T, V) over
 prompts), one row at a time, so at most one row's dense logits exist beside the engine's.
@@ -29,7 +29,7 @@ from torch import Tensor
 from sparrow.control.acceptance import exact_acceptance
 from sparrow.distributed import Ranks
 from sparrow.rl.batch import RolloutBatch
-from sparrow.rl.policy_logprobs import group_shared_hidden
+from sparrow.rl.shared_prompt_passes import group_shared_hidden
 
 
 @torch.no_grad()

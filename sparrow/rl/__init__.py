@@ -8,7 +8,9 @@ rollout_correction.py       rl.correction: tis, token_mask, seq_tis, seq_mask, n
 overlong.py                 DAPO's soft overlong penalty and overlong filtering
 reference.py                the KL term's frozen reference policy (the initial weights)
 policy_logprobs.py          LogprobOutput and the module DeepSpeed wraps: decoder + chunked LM
-                            head, each GRPO group's prompt (and the common prefix) run once
+                            head, per row or group-shared
+shared_prompt_passes.py     the group-shared passes: each group's prompt (and the common prefix)
+                            run once into a KV cache, the completions on it
 micro_batches.py            rows into micro-batches: by count or by a token budget
 activation_checkpointing.py recompute the decoder layers in backward
 actor_config.py             ActorConfig and the LR schedule (no DeepSpeed)

@@ -58,8 +58,8 @@ from sparrow.rl.policy_logprobs import (  # noqa: E402
     PolicyWithLogprobs,
     RowLogits,
     Scores,
-    check_shared_prompts,
 )
+from sparrow.rl.shared_prompt_passes import check_shared_prompts  # noqa: E402
 from sparrow.rollout.weight_push import plan_buckets  # noqa: E402
 
 deepspeed.utils.logger.setLevel(logging.WARNING)

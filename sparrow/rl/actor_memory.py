@@ -10,7 +10,7 @@ plus one layer's activations and their gradients during its replay. The chunked 
 states are not included (they do not depend on the micro-batch).
 
 With shared prompts the actor runs each prompt once, then indexes its K/V cache out to every row
-of the group before the completions run (sparrow.rl.policy_logprobs.group_shared_hidden): every
+of the group before the completions run (sparrow.rl.shared_prompt_passes.group_shared_hidden): every
 layer holds rows x prompt cached K/V, not one prompt's (`row_expanded_cache_bytes`). At a 4K
 prompt and 48 rows that is 8 GiB of SmolLM2 fp32 cache that the per-token count misses.
 """

@@ -7,6 +7,7 @@
     config.py          SparrowConfig: the dataclass tree conf/ is validated against
     step_report.py     rollout metrics, the plan line, the step and eval console lines
     dynamic_sampling.py `Rollout` (one round) and DAPO's rounds until the ranks hold signal groups
+    rollout_draw.py    one step's rollouts and rewards on this rank's engine (no actor)
     rollout_pipeline.py the asynchronous loop's rollout producer: the next step's draw in a thread
     remote_rollouts.py the same producer served by rollout ranks apart from the trainers
     phase_timer.py     wall time per phase; the phases tile the step

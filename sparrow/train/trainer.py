@@ -22,20 +22,18 @@ Every data-parallel rank runs its own engine on its share of the step's prompts.
 
 import logging
 import signal
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from sparrow.distributed import Ranks
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
-from sparrow.monitor.rollout_plan import RolloutPlan
-from sparrow.monitor.same_weights import same_weights_dense
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
-from sparrow.rl.batch import RolloutBatch, collate_rollouts
+from sparrow.rl.batch import RolloutBatch
 from sparrow.rl.losses import PolicyLoss
 from sparrow.rl.overlong import overlong_penalty, truncated_rows
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.tasks.data import PromptIterator
-from sparrow.tasks.rewards import BatchScores, build_reward, score_batch
+from sparrow.tasks.rewards import build_reward
 from sparrow.train.build import (
     PreparedRun,
     build_actor,
@@ -49,9 +47,7 @@ from sparrow.train.build import (
 from sparrow.train.config import SparrowConfig
 from sparrow.train.dynamic_sampling import (
     Rollout,
-    Round,
     Sampled,
-    sample_step,
     staleness_metrics,
 )
 from sparrow.train.evaluation import PairedBaseline, eval_sampling, evaluate
@@ -59,7 +55,8 @@ from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_update import PolicyUpdate, dense_pass
-from sparrow.train.rollout_pipeline import DrawnStep, RolloutPipeline
+from sparrow.train.rollout_draw import RolloutDraw
+from sparrow.train.rollout_pipeline import RolloutPipeline
 from sparrow.train.run.policy_export import export_policy
 from sparrow.train.run.state import RunState
 from sparrow.train.run.stop_in_loop import GracefulStop, StopRequested
@@ -103,25 +100,36 @@ class GRPOTrainer:
         check_prompt_split(cfg.rl.prompts_per_step, self.world)
         self.prompts = PromptIterator(run.train_data, cfg.rl.prompts_per_step, run.seeds.data_order)
         self.steering = ScheduleSteering(cfg, self.engine, run.shape, self.ranks)
-        self.sampling = rollout_sampling(cfg.rollout)
-        self.reward = build_reward(cfg.rl.reward)
-        self.reward_failures = RewardFailures(self.reward, self.ranks)
+        reward = build_reward(cfg.rl.reward)  # the draw's, read by evaluation too (draw.reward)
+        self.reward_failures = RewardFailures(reward, self.ranks)
         self.advantage_fn = make_advantage_fn(cfg.rl.advantage)
         loss = PolicyLoss(cfg.rl.loss, cfg.rl.correction)
         self.policy_update = PolicyUpdate(self.actor, loss, reference, self.ranks, cfg)
         self.dense_pass, self.dense_pass_why = dense_pass(cfg)  # "update" or "separate"
         self.run_dir = Path(cfg.run_dir)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
-        self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.sampling)
+        self.monitor = build_monitor(
+            run, self.engine, self.actor, self.ranks, rollout_sampling(cfg.rollout)
+        )
+        # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
+        dense_is_theta = self.distill is None or self.distill.cfg.gate
+        self.draw = RolloutDraw(
+            cfg,
+            self.engine,
+            lambda num_prompts: self.monitor.plan(num_prompts, dense_is_theta),
+            self.prompts,
+            self.tokenizer,
+            reward,
+            self.ranks,
+        )
         self.staleness = cfg.rl.async_rollout.staleness
         if self.staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
             raise ValueError("rl.async.staleness=1 runs on one process (WORLD_SIZE=1) for now")
         if self.staleness and self.distill is not None and not self.distill.cfg.gate:
             # The same-weights replay is the engine's dense decode: theta + phi once merged.
             raise ValueError("rl.async.staleness=1 needs distill.gate=true (phi unmerged)")
-        self.engine_version = 0  # the step whose weights the engine holds (rows' weight_version)
         # The asynchronous loop's rollout producer (rl.async.staleness=1; idle at 0).
-        self.pipeline = RolloutPipeline(self._draw_step)
+        self.pipeline = RolloutPipeline(self.draw.drawn_step)
         self.run = RunState(
             cfg,
             self.ranks,
@@ -155,7 +163,7 @@ class GRPOTrainer:
         if self.run.resume():
             self._sync_engine()
             self.steering.push()
-        self.engine_version = self.step
+        self.draw.version = self.step
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -248,7 +256,7 @@ class GRPOTrainer:
                 self.pipeline.wait()
         with timer("sync"):
             self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
-            self.engine_version = self.step + 1
+            self.draw.version = self.step + 1
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
         metrics = self._step_metrics(sampled, acceptance.metrics | control, update | distill)
@@ -279,7 +287,7 @@ class GRPOTrainer:
         rows' own weights), the controller's move and the next step's draw, which so overlaps
         the rest of this step."""
         if not self.staleness:
-            return self._draw(timer)
+            return self.draw(timer)
         with timer("rollout"):
             drawn = self.pipeline.result(self.step)
         sampled = drawn.sampled
@@ -302,81 +310,6 @@ class GRPOTrainer:
         assert versions is not None, "collated with the engine's weight version"
         sampled.metrics |= drawn.times | staleness_metrics(self.step, versions, self.ranks)
         return sampled
-
-    def _draw_step(self, step: int) -> DrawnStep:
-        """The producer's work for step `step` (in its thread, on the engine's weights of now):
-        the rounds and rewards, then the dense replay of the trained rows' monitored share on
-        the same weights (monitor/same_weights.py); the kept logits freed."""
-        timer = PhaseTimer()
-        sampled = self._draw(timer)
-        rollout = sampled.train.rollout
-        with timer("same_weights"):
-            same = same_weights_dense(
-                self.engine,
-                rollout.batch,
-                rollout.plan,
-                self.cfg.rollout.temperature,
-                self.cfg.rollout.engine.topk_logprobs,
-                self.cfg.monitor.exact_fraction,
-            )
-            sampled.free_logits()
-        # async/<phase>_s in the producer's thread, async/draw_s the whole draw
-        times = {k.replace("time/", "async/"): v for k, v in timer.metrics().items()}
-        times["async/draw_s"] = times.pop("async/step_s")
-        return DrawnStep(step, sampled, self.engine_version, same, times)
-
-    def _draw(self, timer: PhaseTimer) -> Sampled:
-        """One step's rollouts and rewards: one round of prompts, or with dynamic sampling as
-        many rounds as it takes to fill the step with groups that carry signal."""
-
-        def draw() -> Round:
-            with timer("rollout"):
-                prompts = next(self.prompts)[self.rank :: self.world]
-                rollout = self._rollout(prompts)
-            with timer("rewards"):
-                return Round(prompts, rollout, self._rewards(prompts, rollout.outputs))
-
-        rl = self.cfg.rl
-        share = rl.prompts_per_step // self.world
-        return sample_step(
-            draw, rl.dynamic_sampling, share, rl.group_size, self.ranks, self._collate
-        )
-
-    def _rollout(self, prompts) -> Rollout:
-        """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
-        # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
-        dense_is_theta = self.distill is None or self.distill.cfg.gate
-        plan = self.monitor.plan(len(prompts), dense_is_theta)
-        outputs = self.engine.generate(
-            [p.token_ids for p in prompts],
-            replace(self.sampling, return_logits=plan.logit_rows is not None),
-            n=self.cfg.rl.group_size,
-            progress=self.cfg.rollout.progress and self.rank == 0,
-            schedules=plan.schedules,
-            logits_rows=plan.logit_rows,
-        )
-        return self._collate(prompts, outputs, plan, self.engine.last_stats)
-
-    def _collate(self, prompts, outputs, plan: RolloutPlan, stats) -> Rollout:
-        """The outputs of `prompts` (this rank's, `outputs` prompt-major) as one padded batch;
-        group ids are the prompts' places in the step (every rank holds as many)."""
-        group_offset = self.rank * len(prompts)
-        batch = collate_rollouts(
-            [p.token_ids for p in prompts],
-            outputs,
-            self.tokenizer.pad_token_id,
-            [group_offset + o.prompt_index for o in outputs],
-            weight_version=self.engine_version,  # unchanged while a draw runs (pipeline.wait)
-        )
-        return Rollout(outputs, batch, plan, stats)
-
-    def _rewards(self, prompts, outputs) -> BatchScores:
-        return score_batch(
-            self.reward,
-            [prompts[o.prompt_index].text for o in outputs],
-            [o.text for o in outputs],
-            [prompts[o.prompt_index].answer for o in outputs],
-        )
 
     def _measure_and_steer(
         self, timer: PhaseTimer, prompts, rollout: Rollout, sampled: Sampled, dense, exact=None
@@ -519,7 +452,7 @@ class GRPOTrainer:
             self.engine.update_weights(self.actor.gathered_state_dict())
         result, correct = evaluate(
             self.engine,
-            self.reward,
+            self.draw.reward,
             prompts,
             params,
             self.ranks.sum,

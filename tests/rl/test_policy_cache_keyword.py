@@ -8,7 +8,7 @@ from test_actor_shared_prompt import GROUPS, group_batch
 from tiny_lm import tiny_causal_lm
 from torch import nn
 
-from sparrow.rl.policy_logprobs import cache_keyword, group_shared_hidden
+from sparrow.rl.shared_prompt_passes import cache_keyword, group_shared_hidden
 
 
 class IgnoresPastKeyValues(nn.Module):

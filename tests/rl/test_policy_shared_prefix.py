@@ -6,7 +6,8 @@ import pytest
 import torch
 from tiny_lm import VOCAB, grouped_batch, tiny_causal_lm
 
-from sparrow.rl.policy_logprobs import PolicyWithLogprobs, common_prefix_len
+from sparrow.rl.policy_logprobs import PolicyWithLogprobs
+from sparrow.rl.shared_prompt_passes import common_prefix_len
 
 PREFIX = 12
 # Per case: the common prefix length, then per group its own prompt tokens after it (the first

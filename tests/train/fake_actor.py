@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from sparrow.rl.actor_config import ActorConfig, lr_multiplier
 from sparrow.rl.micro_batches import micro_batch_slices, take, token_budget_slices
-from sparrow.rl.policy_logprobs import LogprobOutput, PolicyWithLogprobs, check_shared_prompts
+from sparrow.rl.policy_logprobs import LogprobOutput, PolicyWithLogprobs
+from sparrow.rl.shared_prompt_passes import check_shared_prompts
 
 
 class FakeActor:

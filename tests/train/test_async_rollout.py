@@ -15,7 +15,7 @@ import torch
 from fake_actor import FakeActor
 from test_loop_fake_actor import OVERRIDES, _parity
 
-import sparrow.train.trainer as trainer_module
+import sparrow.train.rollout_draw as draw_module
 from sparrow.cli.config_loader import load_config
 from sparrow.monitor.exact_acceptance import exact_batch_acceptance
 from sparrow.tasks.rewards import GuardedReward
@@ -27,7 +27,7 @@ ASYNC = ["rl.async.staleness=1", "rl.steps=3", "actor.lr=3e-2", "rl.skip_no_sign
 def _trainer(run_dir, *extra: str) -> GRPOTrainer:
     cfg = load_config([*OVERRIDES, *ASYNC, *extra, f"run_dir={run_dir}"])
     trainer = GRPOTrainer.from_config(cfg, make_actor=FakeActor)
-    trainer.reward = GuardedReward(_parity, "parity")
+    trainer.draw.reward = GuardedReward(_parity, "parity")
     return trainer
 
 
@@ -38,7 +38,7 @@ def _rows(run_dir) -> list[dict]:
 def test_stale_dense_rollout_measures_acceptance_one_not_the_drift(tmp_path, monkeypatch):
     trainer = _trainer(tmp_path, "schedule.mode=dense")
     kept = {}  # step -> the monitored rows with their kept rollout logits, before they are freed
-    real_same_weights = trainer_module.same_weights_dense
+    real_same_weights = draw_module.same_weights_dense
 
     def keeping(engine, batch, plan, *args):
         rows = torch.arange(len(batch))[torch.tensor(plan.logit_rows)]
@@ -47,7 +47,7 @@ def test_stale_dense_rollout_measures_acceptance_one_not_the_drift(tmp_path, mon
         kept[int(batch.weight_version[0])] = sub
         return real_same_weights(engine, batch, plan, *args)
 
-    monkeypatch.setattr(trainer_module, "same_weights_dense", keeping)
+    monkeypatch.setattr(draw_module, "same_weights_dense", keeping)
     naive = {}
     real_measure = trainer.monitor.measure_same_weights
 

@@ -25,7 +25,7 @@ def _run(run_dir, mode: str) -> tuple[list[dict], dict]:
     extra = ["rl.steps=2", "actor.micro_batch_size=3", "monitor.exact_fraction=0.5"]
     cfg = load_config([*OVERRIDES, *extra, f"rl.dense_pass={mode}", f"run_dir={run_dir}"])
     trainer = GRPOTrainer.from_config(cfg)  # the DeepSpeed actor
-    trainer.reward = GuardedReward(_parity, "parity")
+    trainer.draw.reward = GuardedReward(_parity, "parity")
     trainer.fit()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     weights = {k: v.clone() for k, v in trainer.actor.gathered_state_dict().items()}
@@ -56,7 +56,7 @@ def test_no_signal_step_takes_a_separate_pass(tmp_path):
     """A step whose advantages are all zero skips its update: no forward to read, so the
     monitor and the log get a separate dense pass, and the run goes on."""
     trainer = _trainer(tmp_path, "rl.steps=1", "rl.skip_no_signal=true")
-    trainer.reward = GuardedReward(lambda prompt, completion, reference: 0.0, "zero")
+    trainer.draw.reward = GuardedReward(lambda prompt, completion, reference: 0.0, "zero")
     trainer.fit()
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert row["update/no_signal"] == 1.0

@@ -42,8 +42,8 @@ def run(tmp_path_factory):
     real_update = trainer.engine.update_weights
     trainer.engine.update_weights = lambda sd: pushed.append(sd) or real_update(sd)
     batches = []
-    real_rollout = trainer._rollout
-    trainer._rollout = lambda prompts: batches.append(real_rollout(prompts)) or batches[-1]
+    real_rollout = trainer.draw.rollout
+    trainer.draw.rollout = lambda prompts: batches.append(real_rollout(prompts)) or batches[-1]
     trainer.fit()
     return trainer, before, engine_before, pushed, batches, run_dir
 

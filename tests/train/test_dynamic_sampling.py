@@ -161,7 +161,7 @@ def _trainer(run_dir, steps: int, max_rounds: int) -> GRPOTrainer:
         first = (len(calls) - 1) % trainer.cfg.rl.group_size == 0
         return RewardResult(float(first and _prompt_has_signal(prompt)))
 
-    trainer.reward.fn = reward
+    trainer.draw.reward.fn = reward
     return trainer
 
 

@@ -43,7 +43,7 @@ def _parity(prompt: str, completion: str, reference: str) -> float:
 def _trainer(run_dir, *extra: str) -> GRPOTrainer:
     cfg = load_config([*OVERRIDES, *extra, f"run_dir={run_dir}"])
     trainer = GRPOTrainer.from_config(cfg, make_actor=FakeActor)
-    trainer.reward = GuardedReward(_parity, "parity")
+    trainer.draw.reward = GuardedReward(_parity, "parity")
     return trainer
 
 

@@ -29,7 +29,7 @@ def _reward_first_sample_only(trainer, signal_steps: set[int]):
         rewarded = trainer.step + 1 in signal_steps and calls.count(trainer.step + 1) == 1
         return RewardResult(score=1.0 if rewarded else 0.0)
 
-    trainer.reward.fn = fn
+    trainer.draw.reward.fn = fn
 
 
 def test_a_no_signal_step_leaves_weights_and_optimizer_untouched(tmp_path):

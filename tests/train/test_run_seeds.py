@@ -62,7 +62,7 @@ def _first_rollout(run_dir, *overrides):
         load_config([*TINY, *overrides, f"run_dir={run_dir}"]), FakeActor
     )
     prompts = next(trainer.prompts)
-    outputs = trainer._rollout(prompts).outputs
+    outputs = trainer.draw.rollout(prompts).outputs
     ids = [(prompts[o.prompt_index].token_ids, o.token_ids) for o in outputs]
     return trainer.plan(), ids
 

@@ -40,7 +40,7 @@ def _one_step(tmp_path, aggregation: str, *extra: str, eos_rows: bool = False) -
         tmp_path, "rl.steps=1", f"rl.loss.aggregation={aggregation}", *extra
     )
     assert trainer.cfg.rollout.max_new_tokens == MAX_NEW
-    trainer.sampling.max_tokens = DRAWN
+    trainer.draw.sampling.max_tokens = DRAWN
     loss = RecordingLoss(trainer.policy_update.loss_fn)
     seen = {"calls": loss.calls}
     real_overlong, real_train_step = trainer._overlong, trainer.actor.train_step

@@ -5,13 +5,13 @@ acceptance (sparrow.monitor.exact_acceptance), and the bytes a no-grad pass over
     mb = actor_micro_batch(cfg, longest_prompt=4036, common_prefix=30, world=1)
     mb.decoder_tokens, mb.expanded_tokens, no_grad_pass_bytes(shape, mb, 1024, 4)
 
-With shared prompts (actor.share_prompts) the decoder runs each group's prompt once into a KV
-cache, indexes the cache out to the group's rows and runs the completions on it
-(sparrow.rl.policy_logprobs.group_shared_hidden): a micro-batch's decoder tokens are its prompts
-once plus its completions, while every layer holds rows x prompt cached K/V (`expanded_tokens`).
-Under a token budget the packing keeps both within the budget, so with long prompts far fewer
-decoder tokens than the budget run (6 rows of a 4036-token prompt: 4228 decoder tokens, 24216
-expanded, under a budget of 26112).
+With shared prompts (actor.share_prompts) the decoder runs each group's prompt once into a KV cache,
+indexes the cache out to the group's rows and runs the completions on it
+(sparrow.rl.shared_prompt_passes.group_shared_hidden): a micro-batch's decoder tokens are its
+prompts once plus its completions, while every layer holds rows x prompt cached K/V
+(`expanded_tokens`). Under a token budget the packing keeps both within the budget, so with long
+prompts far fewer decoder tokens than the budget run (6 rows of a 4036-token prompt: 4228 decoder
+tokens, 24216 expanded, under a budget of 26112).
 """
 
 from dataclasses import dataclass

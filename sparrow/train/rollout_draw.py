@@ -1,0 +1,118 @@
+"""One step's rollouts and rewards on this rank's engine, apart from the trainer: the part of the
+GRPO step that needs the engine, the prompts and the reward, and no actor. The synchronous loop
+calls it in the step; the asynchronous one (rollout_pipeline.py) in its producer thread, where
+`drawn_step` adds the same-weights dense replay the monitor measures the rows against.
+
+    draw = RolloutDraw(cfg, engine, plan, prompts, tokenizer, reward, ranks)
+    sampled = draw(timer)                # the rounds (dynamic sampling) and their rewards
+    drawn = draw.drawn_step(step)        # the same, with the replay, as the producer hands it
+    draw.version = step + 1              # after the engine loaded the weights of update `step`
+"""
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from sparrow.distributed import Ranks
+from sparrow.monitor.rollout_plan import RolloutPlan
+from sparrow.monitor.same_weights import same_weights_dense
+from sparrow.rl.batch import collate_rollouts
+from sparrow.tasks.rewards import BatchScores, score_batch
+from sparrow.train.build import rollout_sampling
+from sparrow.train.config import SparrowConfig
+from sparrow.train.dynamic_sampling import Rollout, Round, Sampled, sample_step
+from sparrow.train.phase_timer import PhaseTimer
+from sparrow.train.rollout_pipeline import DrawnStep
+
+
+class RolloutDraw:
+    def __init__(
+        self,
+        cfg: SparrowConfig,
+        engine,
+        plan: Callable[[int], RolloutPlan],
+        prompts,
+        tokenizer,
+        reward,
+        ranks: Ranks,
+    ):
+        """`plan(num_prompts)`: the rollout's noise-floor and kept-logit rows under the engine's
+        schedule (Monitor.plan); `prompts`: the step's PromptIterator, shared by every rank
+        (each takes its stride); `reward`: the task's GuardedReward."""
+        self.cfg, self.engine, self.plan, self.ranks = cfg, engine, plan, ranks
+        self.prompts, self.tokenizer, self.reward = prompts, tokenizer, reward
+        self.sampling = rollout_sampling(cfg.rollout)
+        self.version = 0  # the step whose weights the engine holds (rows' weight_version)
+
+    def __call__(self, timer: PhaseTimer) -> Sampled:
+        """One step's rollouts and rewards: one round of prompts, or with dynamic sampling as
+        many rounds as it takes to fill the step with groups that carry signal."""
+        rank, world = self.ranks.rank, self.ranks.world
+
+        def draw() -> Round:
+            with timer("rollout"):
+                prompts = next(self.prompts)[rank::world]
+                rollout = self.rollout(prompts)
+            with timer("rewards"):
+                return Round(prompts, rollout, self.rewards(prompts, rollout.outputs))
+
+        rl = self.cfg.rl
+        share = rl.prompts_per_step // world
+        return sample_step(
+            draw, rl.dynamic_sampling, share, rl.group_size, self.ranks, self.collate
+        )
+
+    def drawn_step(self, step: int) -> DrawnStep:
+        """The producer's work for step `step` (on the engine's weights of now): the rounds and
+        rewards, then the dense replay of the trained rows' monitored share on the same weights
+        (monitor/same_weights.py); the kept logits freed."""
+        timer = PhaseTimer()
+        sampled = self(timer)
+        rollout = sampled.train.rollout
+        with timer("same_weights"):
+            same = same_weights_dense(
+                self.engine,
+                rollout.batch,
+                rollout.plan,
+                self.cfg.rollout.temperature,
+                self.cfg.rollout.engine.topk_logprobs,
+                self.cfg.monitor.exact_fraction,
+            )
+            sampled.free_logits()
+        # async/<phase>_s in the producer's thread, async/draw_s the whole draw
+        times = {k.replace("time/", "async/"): v for k, v in timer.metrics().items()}
+        times["async/draw_s"] = times.pop("async/step_s")
+        return DrawnStep(step, sampled, self.version, same, times)
+
+    def rollout(self, prompts) -> Rollout:
+        """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
+        plan = self.plan(len(prompts))
+        outputs = self.engine.generate(
+            [p.token_ids for p in prompts],
+            replace(self.sampling, return_logits=plan.logit_rows is not None),
+            n=self.cfg.rl.group_size,
+            progress=self.cfg.rollout.progress and self.ranks.rank == 0,
+            schedules=plan.schedules,
+            logits_rows=plan.logit_rows,
+        )
+        return self.collate(prompts, outputs, plan, self.engine.last_stats)
+
+    def collate(self, prompts, outputs, plan: RolloutPlan, stats) -> Rollout:
+        """The outputs of `prompts` (this rank's, `outputs` prompt-major) as one padded batch;
+        group ids are the prompts' places in the step (every rank holds as many)."""
+        group_offset = self.ranks.rank * len(prompts)
+        batch = collate_rollouts(
+            [p.token_ids for p in prompts],
+            outputs,
+            self.tokenizer.pad_token_id,
+            [group_offset + o.prompt_index for o in outputs],
+            weight_version=self.version,  # unchanged while a draw runs (pipeline.wait)
+        )
+        return Rollout(outputs, batch, plan, stats)
+
+    def rewards(self, prompts, outputs) -> BatchScores:
+        return score_batch(
+            self.reward,
+            [prompts[o.prompt_index].text for o in outputs],
+            [o.text for o in outputs],
+            [prompts[o.prompt_index].answer for o in outputs],
+        )
