@@ -42,7 +42,6 @@ from sparrow.train.build import (
     build_monitor,
     check_prompt_split,
     prepare_run,
-    rollout_sampling,
 )
 from sparrow.train.config import SparrowConfig
 from sparrow.train.dynamic_sampling import (
@@ -108,9 +107,6 @@ class GRPOTrainer:
         self.dense_pass, self.dense_pass_why = dense_pass(cfg)  # "update" or "separate"
         self.run_dir = Path(cfg.run_dir)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
-        self.monitor = build_monitor(
-            run, self.engine, self.actor, self.ranks, rollout_sampling(cfg.rollout)
-        )
         # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
         dense_is_theta = self.distill is None or self.distill.cfg.gate
         self.draw = RolloutDraw(
@@ -122,6 +118,8 @@ class GRPOTrainer:
             reward,
             self.ranks,
         )
+        # The speedup probe re-rolls out with the draw's own SamplingParams (one object).
+        self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.draw.sampling)
         self.staleness = cfg.rl.async_rollout.staleness
         if self.staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
             raise ValueError("rl.async.staleness=1 runs on one process (WORLD_SIZE=1) for now")
