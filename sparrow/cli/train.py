@@ -175,7 +175,11 @@ def _run_or_lost_rank(cfg, pinned: frozenset[str]) -> int:
         if lost is None:
             raise
         ignore_stop_signals()
-        rank = f"rank {os.environ.get('RANK', '0')} of {os.environ.get('WORLD_SIZE', '1')}"
+        # The world's rank: with rollout ranks RANK and WORLD_SIZE are the role's (cluster.py).
+        env = os.environ
+        rank = env.get("SPARROW_WORLD_RANK", env.get("RANK", "0"))
+        world = env.get("SPARROW_WORLD_SIZE", env.get("WORLD_SIZE", "1"))
+        rank = f"rank {rank} of {world}"
         return stop_line(
             f"sparrow-train: {rank} stops: another rank was lost (a collective failed: "
             f"{one_line(lost)[:160]}); run the same command again on every rank: resume=auto "
@@ -185,6 +189,7 @@ def _run_or_lost_rank(cfg, pinned: frozenset[str]) -> int:
 
 
 def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
+    from sparrow.train.rollout_rank import join_cluster, serve_rollout_rank
     from sparrow.train.run.stop_in_loop import StopRequested
     from sparrow.train.run.stored_config import ResumeMismatch
     from sparrow.train.run.weight_guard import NonFiniteStreak, NonFiniteWeights
@@ -197,7 +202,18 @@ def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
     # A signal before the loop has no step to finish: stop at once (fit guards its own start).
     with stop_at_once("start-up", STARTUP_ADVICE):
         try:
-            trainer = GRPOTrainer.from_config(cfg, pinned=pinned)
+            roles = join_cluster(cfg)  # rollout ranks apart: None without
+        except ValueError as err:
+            raise UserError(one_line(err)) from err
+    if roles is not None and roles.role == "rollout":
+        try:
+            serve_rollout_rank(cfg, roles, pinned)
+        except ValueError as err:  # bad input found while loading model, data, reward
+            raise UserError(one_line(err)) from err
+        return 0
+    with stop_at_once("start-up", STARTUP_ADVICE):
+        try:
+            trainer = GRPOTrainer.from_config(cfg, pinned=pinned, roles=roles)
         except OSError as err:
             model_not_found(err, "model.name", cfg.model.name)
             raise

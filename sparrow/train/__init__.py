@@ -10,6 +10,7 @@
     rollout_draw.py    one step's rollouts and rewards on this rank's engine (no actor)
     rollout_pipeline.py the asynchronous loop's rollout producer: the next step's draw in a thread
     remote_rollouts.py the same producer served by rollout ranks apart from the trainers
+    rollout_rank.py    the world split into roles, and a rollout rank's run (cluster.rollout_ranks)
     phase_timer.py     wall time per phase; the phases tile the step
     evaluation.py      held-out accuracy with a Wilson interval, paired to the first evaluation
     run/               the run directory's lifecycle: checkpoints, run state, stored config,

@@ -182,6 +182,29 @@ class MemoryConfig:
             )
 
 
+@dataclass
+class ClusterConfig:
+    """How a torchrun world splits into rollout and training ranks (sparrow/cluster.py)."""
+
+    # R > 0: the world's last R ranks run only the rollout engine (no actor, no optimizer state)
+    # and the others train; after each update training rank 0 pushes the new weights to them
+    # (sparrow/rollout/weight_push.py). 0: every rank trains and rolls out its own share.
+    rollout_ranks: int = 0
+    push_bucket_mb: float = 64.0  # the weight push's bucket: the most a ZeRO-3 rank gathers
+    # How long a rank waits on the rollout bridge. A rollout rank waits there between requests,
+    # through the trainers' longest gap (an evaluation, a checkpoint), so it outlasts the actor's
+    # collective timeout; a dead peer closes its connection and is seen at once anyway.
+    bridge_timeout_min: float = 120.0
+
+    def __post_init__(self):
+        if self.rollout_ranks < 0 or self.push_bucket_mb <= 0 or self.bridge_timeout_min <= 0:
+            raise ValueError(
+                f"cluster.rollout_ranks must be >= 0 and cluster.push_bucket_mb, "
+                f"cluster.bridge_timeout_min > 0, got {self.rollout_ranks}, "
+                f"{self.push_bucket_mb}, {self.bridge_timeout_min}"
+            )
+
+
 RESUME_MODES = ("auto", "never")  # or a checkpoint path
 
 
@@ -198,6 +221,7 @@ class SparrowConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)  # LoRA for the sparse policy
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)  # the plan against the device
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # rollout ranks apart
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
     # The root of every random stream: sampling, prompt order, evaluation, DistillSparse, the
     # global generators (sparrow/train/run/seeds.py); a component's own seed set explicitly wins.

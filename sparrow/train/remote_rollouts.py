@@ -11,6 +11,7 @@ world receive it, the other trainers too, so that every rank calls the same coll
                               gathered over the bridge right after
     ("push", version)         load the weights training rank 0 now pushes (rollout/weight_push.py)
     ("rows", step)            hand over `step`'s DrawnStep (bridge gather)
+    ("wait",)                 answer (bridge gather) once the draw in flight is done
     ("stop",)                 the trainers are done
 
 A rollout rank handles a request only after the previous one is done, so its engine never
@@ -52,6 +53,7 @@ class RemoteRollouts:
         self.push_link = roles.push  # training rank 0 only
         self.bucket_bytes, self.dtype = bucket_bytes, dtype
         self._step: int | None = None  # the step submitted and not taken
+        self._done: DrawnStep | None = None  # its rows, fetched early for a checkpoint
 
     @property
     def pending(self) -> int | None:
@@ -66,8 +68,11 @@ class RemoteRollouts:
         self._step = step
 
     def wait(self) -> float:
-        """Nothing to wait for here: a rollout rank loads a push only after its draw."""
-        return 0.0
+        """Block until the rollout ranks' draw in flight (if any) is done; the seconds waited."""
+        start = time.perf_counter()
+        self._request(("wait",))
+        self.roles.bridge.gather_objects(None)
+        return time.perf_counter() - start
 
     def result(self, step: int) -> DrawnStep:
         """`step`'s rollout from this rank's paired rollout rank (drawn now if not submitted)."""
@@ -75,9 +80,13 @@ class RemoteRollouts:
             self.submit(step)
         if self._step != step:
             raise RuntimeError(f"step {self._step}'s rollout is pending, step {step} asked")
+        done = self._done if self._done is not None else self._rows(step)
+        self._step, self._done = None, None
+        return done
+
+    def _rows(self, step: int) -> DrawnStep:
         self._request(("rows", step))
         served = self.roles.bridge.gather_objects(None)
-        self._step = None
         rank, trainers = self.roles.world_rank, _trainers(self.roles)
         return served[trainers + rank % self.roles.rollout_ranks][rank]
 
@@ -99,11 +108,20 @@ class RemoteRollouts:
         self._request(("stop",))
 
     def state_dict(self) -> dict | None:
-        """Nothing: a draw in flight is drawn again after a resume, from the same payload."""
-        return None
+        """The pending draw's rows (fetched now, waiting for a draw in flight), or None: what a
+        resumed run trains next, as the one-process pipeline keeps them (their prompts and
+        sampling seed are spent, and their weights are gone once the update moved them). A
+        collective of every rank of the world: one training rank only (the trainer refuses
+        staleness with more)."""
+        if self._step is None:
+            return None
+        if self._done is None:
+            self._done = self._rows(self._step)
+        return {"drawn": self._done}
 
     def load_state_dict(self, state: dict | None) -> None:
-        self._step = None
+        self._done = None if state is None else state["drawn"]
+        self._step = None if self._done is None else self._done.step
 
     def _request(self, request: tuple) -> None:
         self.roles.bridge.broadcast_object(request, 0)
@@ -132,6 +150,8 @@ def serve_rollouts(roles: Roles, engine, draw: Draw, bucket_bytes: int) -> int:
             assert all(d.step == request[1] for d in drawn.values()), "rows of another step"
             roles.bridge.gather_objects(drawn)
             drawn = None
+        elif kind == "wait":
+            roles.bridge.gather_objects(None)
         elif kind == "stop":
             return steps
         else:

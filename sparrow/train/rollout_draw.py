@@ -7,6 +7,13 @@ calls it in the step; the asynchronous one (rollout_pipeline.py) in its producer
     sampled = draw(timer)                # the rounds (dynamic sampling) and their rewards
     drawn = draw.drawn_step(step)        # the same, with the replay, as the producer hands it
     draw.version = step + 1              # after the engine loaded the weights of update `step`
+
+With rollout ranks (cluster.rollout_ranks, train/remote_rollouts.py) a training rank asks for its
+draw with `draw.request()` (the step's prompts, the rollout plan, the engine's schedule and its
+sampling seed: everything the draw depends on besides the weights), and the rollout rank's own
+RolloutDraw, made for that training rank's place, draws it with `draw.drawn_from(step, request,
+version)`. A rollout rank so holds no state a checkpoint must keep, and draws what the training
+rank's own engine would have drawn from the same weights.
 """
 
 from collections.abc import Callable
@@ -42,6 +49,7 @@ class RolloutDraw:
         self.prompts, self.tokenizer, self.reward = prompts, tokenizer, reward
         self.sampling = rollout_sampling(cfg.rollout)
         self.version = 0  # the step whose weights the engine holds (rows' weight_version)
+        self.seed: int | None = None  # None: the engine's own stream; else a request's seed
 
     def __call__(self, timer: PhaseTimer) -> Sampled:
         """One step's rollouts and rewards: one round of prompts, or with dynamic sampling as
@@ -83,6 +91,32 @@ class RolloutDraw:
         times["async/draw_s"] = times.pop("async/step_s")
         return DrawnStep(step, sampled, self.version, same, times)
 
+    def request(self) -> dict:
+        """What a rollout rank needs to draw this rank's next step (picklable): the step's
+        prompts, the plan and schedule of now, and the seed the engine's next generate call
+        would take, spent here as a local draw would spend it (its count is checkpointed)."""
+        prompts = next(self.prompts)
+        share = len(prompts[self.ranks.rank :: self.ranks.world])
+        seed = self.engine.seed + self.engine.num_generate_calls
+        self.engine.num_generate_calls += 1
+        return {
+            "rank": self.ranks.rank,
+            "prompts": prompts,
+            "plan": self.plan(share),
+            "schedule": self.engine.schedule,
+            "seed": seed,
+        }
+
+    def drawn_from(self, step: int, request: dict, version: int) -> DrawnStep:
+        """On a rollout rank: `step`'s draw as `request` (a training rank's `request()`) asks,
+        on this engine's weights of `version`."""
+        assert request["rank"] == self.ranks.rank, "a draw made for another training rank"
+        self.engine.set_schedule(request["schedule"])
+        self.prompts = iter([request["prompts"]])
+        self.plan = lambda num_prompts: request["plan"]
+        self.seed, self.version = request["seed"], version
+        return self.drawn_step(step)
+
     def rollout(self, prompts) -> Rollout:
         """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
         plan = self.plan(len(prompts))
@@ -93,6 +127,7 @@ class RolloutDraw:
             progress=self.cfg.rollout.progress and self.ranks.rank == 0,
             schedules=plan.schedules,
             logits_rows=plan.logit_rows,
+            seed=self.seed,
         )
         return self.collate(prompts, outputs, plan, self.engine.last_stats)
 

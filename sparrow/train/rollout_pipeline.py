@@ -85,6 +85,10 @@ class RolloutPipeline:
         assert done is not None, "a finished draw without an error left its result"
         return done
 
+    def close(self) -> None:
+        """The loop is over: wait for a draw in flight (none is submitted past the last step)."""
+        self.wait()
+
     def state_dict(self) -> dict | None:
         """The finished draw not yet taken (waits for one in flight), or None: what a resumed
         run trains next instead of drawing it again (its prompts and sampling calls are spent)."""

@@ -25,6 +25,7 @@ import signal
 from dataclasses import asdict
 from pathlib import Path
 
+from sparrow.cluster import Roles
 from sparrow.distributed import Ranks
 from sparrow.monitor.acceptance_metrics import AcceptanceResult
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
@@ -54,6 +55,7 @@ from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_update import PolicyUpdate, dense_pass
+from sparrow.train.remote_rollouts import RemoteRollouts
 from sparrow.train.rollout_draw import RolloutDraw
 from sparrow.train.rollout_pipeline import RolloutPipeline
 from sparrow.train.run.policy_export import export_policy
@@ -81,13 +83,18 @@ class GRPOTrainer:
 
     @classmethod
     def from_config(
-        cls, cfg: SparrowConfig, make_actor=None, pinned: frozenset[str] = frozenset()
+        cls,
+        cfg: SparrowConfig,
+        make_actor=None,
+        pinned: frozenset[str] = frozenset(),
+        roles: Roles | None = None,
     ) -> "GRPOTrainer":
         """Sized first (the memory fit returns the config the run uses), then built. `pinned`:
-        keys the user set, which the fit leaves as set; `make_actor`: see build_actor."""
-        return cls(prepare_run(cfg, pinned), make_actor)
+        keys the user set, which the fit leaves as set; `make_actor`: see build_actor; `roles`:
+        a training rank's place in a world with rollout ranks (train/rollout_rank.py)."""
+        return cls(prepare_run(cfg, pinned), make_actor, roles)
 
-    def __init__(self, run: PreparedRun, make_actor=None):
+    def __init__(self, run: PreparedRun, make_actor=None, roles: Roles | None = None):
         cfg = self.cfg = run.cfg
         self.tokenizer, self.seeds, self.memory = run.tokenizer, run.seeds, run.memory
         self.train_data, self.eval_data = run.train_data, run.eval_data
@@ -122,12 +129,13 @@ class GRPOTrainer:
         self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.draw.sampling)
         self.staleness = cfg.rl.async_rollout.staleness
         if self.staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
-            raise ValueError("rl.async.staleness=1 runs on one process (WORLD_SIZE=1) for now")
+            raise ValueError("rl.async.staleness=1 runs on one training rank for now")
         if self.staleness and self.distill is not None and not self.distill.cfg.gate:
             # The same-weights replay is the engine's dense decode: theta + phi once merged.
             raise ValueError("rl.async.staleness=1 needs distill.gate=true (phi unmerged)")
-        # The asynchronous loop's rollout producer (rl.async.staleness=1; idle at 0).
-        self.pipeline = RolloutPipeline(self.draw.drawn_step)
+        self.roles = roles
+        self.pipeline = self._producer(roles)
+        self.produced = self.staleness > 0 or roles is not None  # the rows come from it
         self.run = RunState(
             cfg,
             self.ranks,
@@ -139,6 +147,18 @@ class GRPOTrainer:
             baseline=PairedBaseline(),  # the first evaluation's per-prompt scores
             logger=self.logger,
             pending_rollout=self.pipeline,
+        )
+
+    def _producer(self, roles: Roles | None) -> RolloutPipeline | RemoteRollouts:
+        """The rollout producer: the rollout ranks when the run has them, else a thread of this
+        process (rl.async.staleness=1; idle at 0)."""
+        if roles is None:
+            return RolloutPipeline(self.draw.drawn_step)
+        return RemoteRollouts(
+            roles,
+            lambda step: self.draw.request(),
+            int(self.cfg.cluster.push_bucket_mb * 2**20),
+            self.engine.runner.model.dtype,
         )
 
     @property
@@ -162,6 +182,8 @@ class GRPOTrainer:
             self._sync_engine()
             self.steering.push()
         self.draw.version = self.step
+        if self.roles is not None:  # the rollout ranks start from the trainers' weights
+            self._push(self.step)
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -203,7 +225,9 @@ class GRPOTrainer:
                     if not saved:
                         path = self.save()
                     self.logger.close()
+                    self.pipeline.close()
                     raise StopRequested(stop.signum or signal.SIGTERM, self.step, path)
+        self.pipeline.close()  # the rollout ranks' loop ends with the trainers'
         export_policy(self.actor, self.tokenizer, self.run_dir / "policy", self.step, self.rank)
         self.logger.close()
         return last_eval or {}
@@ -249,19 +273,20 @@ class GRPOTrainer:
             distill = self._distill_update(
                 rollout.batch, dense, token_advantages, num_tokens, weights
             )
-        if self.staleness:
+        if self.produced:
             with timer("rollout_wait"):  # the engine's weights never change under a generate
                 self.pipeline.wait()
         with timer("sync"):
             self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
             self.draw.version = self.step + 1
+            pushed = self._push(self.step + 1) if self.roles is not None else {}
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
         metrics = self._step_metrics(sampled, acceptance.metrics | control, update | distill)
-        metrics |= overlong["metrics"]
+        metrics |= overlong["metrics"] | pushed
         self.reward_failures.check(self.step + 1, metrics)
         # Asynchronous: the rollout's throughput over its own time in the producer, not the wait.
-        drawn_time = {"time/rollout_s": metrics["async/rollout_s"]} if self.staleness else {}
+        drawn_time = {"time/rollout_s": metrics["async/rollout_s"]} if self.produced else {}
         throughput = throughput_metrics(metrics["rollout/tokens"], self.world, times | drawn_time)
         return metrics | times | throughput
 
@@ -284,7 +309,7 @@ class GRPOTrainer:
         producer's draw, waited for in the rollout phase; then at once its acceptance (on the
         rows' own weights), the controller's move and the next step's draw, which so overlaps
         the rest of this step."""
-        if not self.staleness:
+        if not self.produced:
             return self.draw(timer)
         with timer("rollout"):
             drawn = self.pipeline.result(self.step)
@@ -301,7 +326,7 @@ class GRPOTrainer:
             )
         with timer("control"):  # this step's acceptance sets the next rollout's schedule
             control = self.steering.update(rollout.batch, acceptance.stats)
-            if self.step + 1 < self.cfg.rl.steps:  # none past the last step
+            if self.staleness and self.step + 1 < self.cfg.rl.steps:  # none past the last
                 self.pipeline.submit(self.step + 1)
         sampled.steered = (acceptance, control)
         versions = rollout.batch.weight_version
@@ -432,6 +457,12 @@ class GRPOTrainer:
         if self.distill is not None:
             self.engine.set_lora(self.distill.lora_factors())
 
+    def _push(self, version: int) -> dict[str, float]:
+        """theta of `version` into the rollout ranks' engines (the push's time and bytes)."""
+        assert isinstance(self.pipeline, RemoteRollouts)
+        buckets = self.actor.weight_buckets(self.pipeline.bucket_bytes, self.pipeline.dtype)
+        return self.pipeline.push(buckets, version)
+
     def _log_histograms(self, histograms: dict[str, list[float]]) -> None:
         for name, values in histograms.items():
             self.logger.log_histogram(self.step + 1, name, values)
@@ -466,6 +497,16 @@ class GRPOTrainer:
             print(format_eval_line(self.step, result), flush=True)
         return result
 
+    def _roles_line(self) -> str:
+        if self.roles is None:
+            return ""
+        r = self.roles.rollout_ranks
+        return (
+            f"\n  rollout ranks: {r} of {self.roles.world_size} (the last), draws "
+            f"{'one step ahead' if self.staleness else 'in the step'}, weights pushed in "
+            f"{self.cfg.cluster.push_bucket_mb:g} MiB buckets"
+        )
+
     def plan(self) -> str:
         return (
             format_plan(
@@ -477,5 +518,6 @@ class GRPOTrainer:
                 self.seeds.describe(),
             )
             + f"\n  dense log-probs: {self.dense_pass_why}"
+            + self._roles_line()
             + f"\n  {self.memory.line()}"
         )

@@ -14,18 +14,23 @@ PHASE (inside training step STEP unless said otherwise; `none` never pauses):
                 the second micro-batch's loss (gradients half accumulated, no optimizer step yet)
     overlap     rl.async.staleness=1: `update` of step STEP while the producer's thread is in
                 the third decode step of step STEP+1's rollout (both threads frozen there: the
-                kill lands with a rollout in flight)
+                kill lands with a rollout in flight); with cluster.rollout_ranks the producer is
+                the rollout rank, frozen in that decode step, which writes its pid to MARKER_FILE
+                with the suffix `.draw` before the training rank's update pauses
+    draw        cluster.rollout_ranks: on a rollout rank, after the third decode step of its
+                draw of step STEP
     checkpoint  the actor's DeepSpeed files are written into step_XXXXXX.tmp, no COMPLETE marker
     rename      the COMPLETE marker is written, the .tmp directory is not yet renamed
     export      the final policy export has written the model's weights, not yet its tokenizer
                 (STEP is ignored)
 
 On reaching the phase the process writes MARKER_FILE and sleeps, so that a test can SIGKILL it
-exactly there instead of racing a timer. With PAUSE_AT_RANK=R in the environment only rank R
-pauses (the others go on until they wait for it); a MARKER_FILE that exists already (left by the
-run a relaunch resumes) is not paused at again. With PAUSE_AT_GO=1 in the environment it sleeps only
-until MARKER_FILE with the suffix `.go` appears, then carries on: a test sends a signal while the
-process is frozen in the phase and then lets it handle the signal.
+exactly there instead of racing a timer. With PAUSE_AT_RANK=R in the environment only rank R (of
+the whole torchrun world, rollout ranks included) pauses (the others go on until they wait for
+it); a MARKER_FILE that exists already (left by the run a relaunch resumes) is not paused at
+again. With PAUSE_AT_GO=1 in the environment it sleeps only until MARKER_FILE with the suffix
+`.go` appears, then carries on: a test sends a signal while the process is frozen in the phase
+and then lets it handle the signal.
 
 The reward `test_length` (registered here, chosen with rl.reward.name=test_length) scores a
 completion by its length, so that a random tiny model gets non-zero advantages and its weights
@@ -53,6 +58,7 @@ from sparrow.rl.actor import DenseActor
 from sparrow.rollout.engine import LLMEngine
 from sparrow.rollout.model_runner import ModelRunner
 from sparrow.tasks.rewards import RewardResult, register_reward
+from sparrow.train.rollout_draw import RolloutDraw
 from sparrow.train.trainer import GRPOTrainer
 
 PHASES = (
@@ -63,6 +69,7 @@ PHASES = (
     "round",
     "update",
     "overlap",
+    "draw",
     "checkpoint",
     "rename",
     "export",
@@ -75,11 +82,14 @@ class _Run:
     decodes_in_rollout: int | None = None  # decode calls since the generate that pauses
     producer_decodes = 0  # decode calls of the producer's thread in the rollout `overlap` waits on
     producer_mid = threading.Event()  # set when that thread is frozen mid-rollout
+    remote_overlap = False  # a rollout rank's draw that `overlap` freezes mid-rollout
 
 
 def _pause(phase: str, step: int, marker: Path) -> None:
     rank = os.environ.get("PAUSE_AT_RANK")
-    if marker.exists() or (rank is not None and rank != os.environ.get("RANK", "0")):
+    # With rollout ranks RANK is the rank within the role; the world's is kept beside it.
+    world_rank = os.environ.get("SPARROW_WORLD_RANK", os.environ.get("RANK", "0"))
+    if marker.exists() or (rank is not None and rank != world_rank):
         return
     tmp = marker.with_suffix(".part")
     tmp.write_text(json.dumps({"phase": phase, "step": step, "pid": os.getpid()}))
@@ -108,6 +118,19 @@ def install(phase: str, target: int, marker: Path) -> None:
     real_load_model = sparrow.train.build.load_model
     real_evaluate = sparrow.train.evaluation.evaluate
     real_export = DenseActor.export_hf
+    real_drawn_from = RolloutDraw.drawn_from
+    remote_draw_frozen = marker.with_suffix(".draw")  # `overlap` with rollout ranks
+
+    def drawn_from(self, step, request, version):  # a rollout rank's draw of 0-based `step`
+        if phase == "draw" and step + 1 == target:
+            _Run.decodes_in_rollout = 0  # the decode hook pauses at its third call
+        if phase == "overlap" and step == target and not marker.exists():
+            _Run.producer_decodes = 0  # the decode hook freezes at its third call
+            _Run.remote_overlap = True
+        try:
+            return real_drawn_from(self, step, request, version)
+        finally:
+            _Run.decodes_in_rollout, _Run.remote_overlap = None, False
 
     def load_model(*args, **kwargs):
         loaded = real_load_model(*args, **kwargs)
@@ -142,6 +165,12 @@ def install(phase: str, target: int, marker: Path) -> None:
     def decode(self, *args, **kwargs):
         logits = real_decode(self, *args, **kwargs)
         # The asynchronous producer names its thread rollout-<0-based step>: step target + 1.
+        if _Run.remote_overlap:
+            _Run.producer_decodes += 1
+            if _Run.producer_decodes == 3:
+                remote_draw_frozen.write_text(str(os.getpid()))
+                while True:  # frozen mid-draw until the test kills the whole launch
+                    time.sleep(0.1)
         if phase == "overlap" and threading.current_thread().name == f"rollout-{target}":
             _Run.producer_decodes += 1
             if _Run.producer_decodes == 3:
@@ -164,8 +193,13 @@ def install(phase: str, target: int, marker: Path) -> None:
         def paused_loss(*loss_args):
             calls.append(1)
             if len(calls) == 2:
-                if phase == "overlap" and not _Run.producer_mid.wait(300):
-                    raise SystemExit("pause_at overlap: no rollout of the next step in flight")
+                deadline = time.monotonic() + 300
+                while phase == "overlap" and not (
+                    _Run.producer_mid.is_set() or remote_draw_frozen.exists()
+                ):
+                    if time.monotonic() > deadline:
+                        raise SystemExit("pause_at overlap: no rollout of the next step in flight")
+                    time.sleep(0.05)
                 _pause(phase, target, marker)
             return loss_fn(*loss_args)
 
@@ -190,6 +224,7 @@ def install(phase: str, target: int, marker: Path) -> None:
     DenseActor.train_step = actor_step
     DenseActor.save_checkpoint = save_checkpoint
     os.replace = replace
+    RolloutDraw.drawn_from = drawn_from
 
 
 if __name__ == "__main__":

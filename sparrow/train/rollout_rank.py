@@ -1,0 +1,80 @@
+"""A run's rollout ranks (cluster.rollout_ranks=R under torchrun): the world split into roles, and
+what a rollout rank runs instead of the trainer. It builds the model and the engine from the same
+config as the trainers (the same memory fit, so the same engine), no actor and no optimizer, and
+serves draws (train/remote_rollouts.py) until the trainers stop it: for each training rank it
+serves, a RolloutDraw made for that rank's place draws what the rank asks for (the prompts, plan,
+schedule and seed in its request) on the weights the trainers last pushed.
+
+    roles = join_cluster(cfg)                  # None without rollout ranks
+    if roles is not None and roles.role == "rollout":
+        serve_rollout_rank(cfg, roles, pinned)
+"""
+
+import os
+from datetime import timedelta
+
+import torch
+
+from sparrow.cluster import Roles, split_world
+from sparrow.distributed import Ranks
+from sparrow.tasks.rewards import build_reward
+from sparrow.train.build import build_engine, prepare_run
+from sparrow.train.config import SparrowConfig
+from sparrow.train.remote_rollouts import serve_rollouts
+from sparrow.train.rollout_draw import RolloutDraw
+
+
+def join_cluster(cfg: SparrowConfig) -> Roles | None:
+    """This process's role when the run has rollout ranks (torchrun's world split: gloo on CPU,
+    NCCL on GPUs), else None. Before anything else of the run: the roles' process groups are the
+    ones DeepSpeed and the step's sums then use."""
+    cluster = cfg.cluster
+    if not cluster.rollout_ranks:
+        return None
+    if "RANK" not in os.environ:
+        raise ValueError(
+            f"cluster.rollout_ranks={cluster.rollout_ranks} needs a torchrun launch "
+            "(scripts/launch_multinode.sh) with more ranks than that"
+        )
+    check_rollout_ranks(cfg)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    return split_world(
+        cluster.rollout_ranks, backend, timedelta(minutes=cluster.bridge_timeout_min)
+    )
+
+
+def check_rollout_ranks(cfg: SparrowConfig) -> None:
+    """What rollout ranks do not run yet, refused in one line each before any model loads."""
+    if cfg.rl.dynamic_sampling.enabled:  # its rounds are decided over every rank's rewards
+        raise ValueError("cluster.rollout_ranks with rl.dynamic_sampling is not supported yet")
+    if cfg.distill.enabled and cfg.schedule.mode != "dense":  # the push carries theta only
+        raise ValueError("cluster.rollout_ranks with distill.enabled is not supported yet")
+
+
+def serve_rollout_rank(cfg: SparrowConfig, roles: Roles, pinned: frozenset[str]) -> int:
+    """A rollout rank's whole run: the engine, then draws until the trainers stop; the number of
+    steps drawn (its end line on stdout)."""
+    run = prepare_run(cfg, pinned)
+    engine = build_engine(run)
+    reward = build_reward(run.cfg.rl.reward)
+    trainers = roles.world_size - roles.rollout_ranks
+    mine = [i for i in range(trainers) if i % roles.rollout_ranks == roles.world_rank - trainers]
+    tokenizer, cfg = run.tokenizer, run.cfg
+    draws = {
+        i: RolloutDraw(cfg, engine, _from_request, None, tokenizer, reward, Ranks(i, trainers))
+        for i in mine
+    }
+    bucket_bytes = int(cfg.cluster.push_bucket_mb * 2**20)  # cfg: as the memory fit sized it
+    steps = serve_rollouts(
+        roles,
+        engine,
+        lambda step, request, version: draws[request["rank"]].drawn_from(step, request, version),
+        bucket_bytes,
+    )
+    served = ", ".join(map(str, draws))
+    print(f"rollout rank {roles.world_rank}: drew {steps} steps for training ranks {served}")
+    return steps
+
+
+def _from_request(num_prompts: int):
+    raise AssertionError("a rollout rank's plan comes with each request (drawn_from)")
