@@ -207,7 +207,7 @@ def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
             raise UserError(one_line(err)) from err
     if roles is not None and roles.role == "rollout":
         try:
-            serve_rollout_rank(cfg, roles, pinned)
+            serve_rollout_rank(cfg, roles)
         except ValueError as err:  # bad input found while loading model, data, reward
             raise UserError(one_line(err)) from err
         return 0

@@ -1,13 +1,14 @@
 """A run's rollout ranks (cluster.rollout_ranks=R under torchrun): the world split into roles, and
-what a rollout rank runs instead of the trainer. It builds the model and the engine from the same
-config as the trainers (the same memory fit, so the same engine), no actor and no optimizer, and
-serves draws (train/remote_rollouts.py) until the trainers stop it: for each training rank it
-serves, a RolloutDraw made for that rank's place draws what the rank asks for (the prompts, plan,
-schedule and seed in its request) on the weights the trainers last pushed.
+what a rollout rank runs instead of the trainer. It loads the model and builds the engine from the
+same config as the trainers (their memory fit sizes actor knobs only: the engine is the same), no
+actor, no optimizer and no prompts of its own, and serves draws (train/remote_rollouts.py) until
+the trainers stop it: for each training rank it serves, a RolloutDraw made for that rank's place
+draws what the rank asks for (the prompts, plan, schedule and seed in its request) on the weights
+the trainers last pushed.
 
     roles = join_cluster(cfg)                  # None without rollout ranks
     if roles is not None and roles.role == "rollout":
-        serve_rollout_rank(cfg, roles, pinned)
+        serve_rollout_rank(cfg, roles)
 """
 
 import os
@@ -17,8 +18,9 @@ import torch
 
 from sparrow.cluster import Roles, split_world
 from sparrow.distributed import Ranks
+from sparrow.models.loading import load_model
+from sparrow.rollout.engine import LLMEngine
 from sparrow.tasks.rewards import build_reward
-from sparrow.train.build import build_engine, prepare_run
 from sparrow.train.config import SparrowConfig
 from sparrow.train.remote_rollouts import serve_rollouts
 from sparrow.train.rollout_draw import RolloutDraw
@@ -51,20 +53,25 @@ def check_rollout_ranks(cfg: SparrowConfig) -> None:
         raise ValueError("cluster.rollout_ranks with distill.enabled is not supported yet")
 
 
-def serve_rollout_rank(cfg: SparrowConfig, roles: Roles, pinned: frozenset[str]) -> int:
+def serve_rollout_rank(cfg: SparrowConfig, roles: Roles) -> int:
     """A rollout rank's whole run: the engine, then draws until the trainers stop; the number of
-    steps drawn (its end line on stdout)."""
-    run = prepare_run(cfg, pinned)
-    engine = build_engine(run)
-    reward = build_reward(run.cfg.rl.reward)
+    steps drawn (its end line on stdout). The weights are the trainers' first push; the
+    sampling seed of every draw comes with its request."""
+    loaded = load_model(cfg.model)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        loaded.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to
+    engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
+    reward = build_reward(cfg.rl.reward)
     trainers = roles.world_size - roles.rollout_ranks
     mine = [i for i in range(trainers) if i % roles.rollout_ranks == roles.world_rank - trainers]
-    tokenizer, cfg = run.tokenizer, run.cfg
+    tokenizer = loaded.tokenizer
     draws = {
         i: RolloutDraw(cfg, engine, _from_request, None, tokenizer, reward, Ranks(i, trainers))
         for i in mine
     }
-    bucket_bytes = int(cfg.cluster.push_bucket_mb * 2**20)  # cfg: as the memory fit sized it
+    bucket_bytes = int(cfg.cluster.push_bucket_mb * 2**20)
     steps = serve_rollouts(
         roles,
         engine,
