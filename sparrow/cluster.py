@@ -4,7 +4,8 @@ The last R ranks of the world roll out (the engine only: no actor, no optimizer 
 others train. Each role gets its own default process group, joined through torchrun's store under
 its own prefix, so everything that already works on "all ranks" (DeepSpeed's ZeRO, the step's
 sums in sparrow.distributed, checkpoints) sees only its role's ranks; RANK and WORLD_SIZE are
-rewritten to the role's own (the world's kept as SPARROW_WORLD_RANK and SPARROW_WORLD_SIZE). Two
+rewritten to the role's own (the world's kept as SPARROW_WORLD_RANK and SPARROW_WORLD_SIZE), and
+SPARROW_LOCAL_TRAINERS counts the training ranks on this host (they share its RAM). Two
 standalone groups join the roles, each a `Link`:
 
     push    training rank 0 and the rollout ranks: the weight push (rollout/weight_push.py)
@@ -114,6 +115,11 @@ def split_world(rollout_ranks: int, backend: str, timeout: timedelta) -> Roles:
         timeout=timeout,
     )
     os.environ.update(SPARROW_WORLD_RANK=str(world_rank), SPARROW_WORLD_SIZE=str(world))
+    # torchrun numbers a node's ranks contiguously: this host's training ranks share its RAM.
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    first = world_rank - int(os.environ.get("LOCAL_RANK", "0"))
+    local_trainers = sum(r < trainers for r in range(first, first + local_size))
+    os.environ["SPARROW_LOCAL_TRAINERS"] = str(local_trainers)
     os.environ.update(RANK=str(role_rank), WORLD_SIZE=str(role_size))
     device = _device(backend)
     bridge_pg = _group(backend, store, "bridge", world_rank, world, timeout)

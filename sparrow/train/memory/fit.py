@@ -93,11 +93,14 @@ def device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
 def rank_device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
     """device_memory as one rank of this launch sees it. Ranks on one host share its RAM: on CPU
     each plans for its share (LOCAL_WORLD_SIZE), rounded down to whole GiB so that ranks measuring
-    a few MB apart size alike (sizing must agree: ranks take their micro-batches in step)."""
+    a few MB apart size alike (sizing must agree: ranks take their micro-batches in step). With
+    rollout ranks only the host's training ranks share it (SPARROW_LOCAL_TRAINERS, set by
+    sparrow/cluster.py). A rollout rank's engine (one more copy of the weights and the KV pool)
+    is not in the plan: on one CPU host memory.headroom must leave room for it."""
     device = device_memory(cfg, on_gpu)
     if on_gpu:
         return device
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local = int(os.environ.get("SPARROW_LOCAL_TRAINERS", os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return replace(device, bytes=device.bytes // local // GiB * GiB)
 
 
