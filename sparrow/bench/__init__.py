@@ -17,6 +17,7 @@ prefix.py            prefix: generate with the shared prefix computed once vs no
 rollout.py           rollout: engine vs HF generate; sparse vs dense decode and p5
 step.py              step: one GRPO step with sparse and with dense rollouts
 pipeline.py          pipeline: GRPO steps at staleness 0 vs 1 on one process, the overlap
+layouts.py           pipeline --layouts: 1 rollout + 1 training rank vs 2 colocated ranks
 trainer_args.py      the trainer benches' flags-then-overrides parser; every bench's JSON file
 push.py              push: the weight push to a rollout rank per bucket size vs colocated sync
 distill_attention.py DistillSparse's training-time attention: memory and time

@@ -3,6 +3,7 @@ side by side: `rl.async.staleness=0` and `=1` from the same composed config and 
 
     sparrow-bench pipeline --json runs/bench_pipeline.json          # make train's config, 3 steps
     sparrow-bench pipeline --steps 2 preset=tiny                    # any Hydra overrides
+    sparrow-bench pipeline --layouts                                # + 1+1 vs 2 colocated ranks
 
 Each arm builds the trainer (as sparrow-train composes it, evaluation and the timed dense
 re-rollout off), runs `--warmup` unmeasured steps and then `--steps` GRPO steps, timing each
@@ -17,14 +18,18 @@ measured step of the asynchronous arm takes a draw made during the warm-up; the 
 the measured steps after the first of both arms: step_speedup = sync step seconds / async step
 seconds (means). On a CPU both threads share the cores, so the overlap there shows the
 structure, not the GPU gain (docs/pipeline/ simulates that). Exits 1 when an arm skipped its
-update or the asynchronous arm overlapped nothing.
+update or the asynchronous arm overlapped nothing. `--layouts` adds, in the same run, two 2-rank
+launches: one rollout rank and one training rank against two colocated ranks (bench/layouts.py),
+under `layouts` in the JSON with their ratio.
 """
 
 import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
+from sparrow.bench.layouts import print_layouts, run_layouts
 from sparrow.bench.trainer_args import parse_with_overrides, trainer_parser, write_json
 from sparrow.cli.errors import at_least
 
@@ -56,9 +61,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             report[label] = run_arm(cfg, args.steps, args.warmup, label)
             write_json(args.json, report)  # partial results survive a later timeout
-    report |= ratios(report["sync"], report["async1"])
+        report |= ratios(report["sync"], report["async1"])
+        if args.layouts:
+            report["layouts"] = run_layouts(overrides, args.steps, args.warmup, Path(tmp))
     report["problems"] = problems(report)
     print_table(report)
+    if args.layouts:
+        print_layouts(report["layouts"])
     write_json(args.json, report)
     for line in report["problems"]:
         print(f"sparrow-bench pipeline: {line}", flush=True)
@@ -145,6 +154,11 @@ def problems(report: dict) -> list[str]:
         for i, s in enumerate(report[label]["steps"])
         if not s["update_ran"]
     ]
+    layouts = report.get("layouts")
+    if layouts is not None:
+        split = layouts["rollout1_train1"]["steps"]
+        if not all(s["phases"].get("sync/push_bytes") for s in split):
+            found.append("the rollout-rank arm pushed no weights at some step")
     if len(report["async1"]["steps"]) < 2:
         found.append("one step has nothing to overlap: run --steps 2 or more")
     elif not report["overlap_s"]:
@@ -169,5 +183,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = trainer_parser("sparrow-bench pipeline", __doc__)
     p.add_argument("--steps", type=at_least(2), default=3, help="measured steps per arm (>= 2)")
     p.add_argument("--warmup", type=at_least(0), default=1, help="unmeasured steps before them")
+    p.add_argument(
+        "--layouts",
+        action="store_true",
+        help="also 1 rollout + 1 training rank vs 2 colocated ranks (two 2-rank launches)",
+    )
     args, rest = parse_with_overrides(p, argv)
     return args, rest

@@ -24,8 +24,9 @@ class Run(NamedTuple):
     without it prints its JSON as its last stdout line, as `actor` does), the JSON fields that
     must hold a value, dotted (`*`: every item of a list, every value of a dict), and whether it
     is left to `-m slow` (a mode, an arm or a size that costs a minute on 2 cores: Triton's
-    interpreter and its sm_90 compile, two DeepSpeed actors, four distill-attention processes and
-    the in-process timing; every subcommand has a default-suite run as well)."""
+    interpreter and its sm_90 compile, two DeepSpeed actors, four distill-attention processes, the
+    in-process timing and the pipeline's 2-rank launches; every subcommand has a default-suite
+    run as well)."""
 
     command: str
     fields: str
@@ -92,6 +93,12 @@ TINY: dict[str, list[Run]] = {
             "pipeline --steps 2 --json JSON_PATH preset=tiny",
             "sync.steps.*.wall_s async1.steps.*.wall_s sync_step_s async_step_s step_speedup "
             "overlap_s",
+        ),
+        Run(  # two 2-rank launches: 1 rollout + 1 training rank vs 2 colocated ranks
+            "pipeline --steps 2 --layouts --json JSON_PATH preset=tiny",
+            "layouts.colocated2.steps.*.step_s layouts.rollout1_train1.steps.*.step_s "
+            "layouts.rollout1_train1.steps.*.phases.sync/push_bytes layouts.layout_speedup",
+            slow=True,
         ),
     ],
     "prefix": [  # the bench's own table
