@@ -31,6 +31,7 @@ class Arm:
     overrides: tuple[str, ...]  # Hydra overrides on top of the shared ones
     setting: str  # one line for the table
     flag: str | None = None  # an extra arm: run only with --<flag>, or when --arms names it
+    ranks: int = 1  # > 1: each run is a torchrun launch of that many ranks on this host
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,9 @@ class Study:
         seeds to compare); `seed=S` alone seeds a run (sampling and prompt order both)."""
         chosen = [a for a in self.arms if a.name in arms]
         if not self.seeds:
-            return [StudyRun(a.name, a.overrides, a.setting) for a in chosen]
+            return [StudyRun(a.name, a.overrides, a.setting, a.ranks) for a in chosen]
         return [
-            StudyRun(f"{a.name}_s{seed}", (*a.overrides, f"seed={seed}"), a.setting)
+            StudyRun(f"{a.name}_s{seed}", (*a.overrides, f"seed={seed}"), a.setting, a.ranks)
             for seed in seeds
             for a in chosen
         ]

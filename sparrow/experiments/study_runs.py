@@ -23,6 +23,7 @@ class StudyRun:
     name: str  # run directory name under the study root
     overrides: tuple[str, ...]  # Hydra overrides on top of the preset
     setting: str  # one line for the table
+    ranks: int = 1  # > 1: a torchrun launch of that many ranks on this host
 
 
 def _run_overrides(root: Path, overrides: list[str], run: StudyRun) -> list[str]:
@@ -107,14 +108,18 @@ def _run_one(
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "sparrow.cli.train", *_run_overrides(root, overrides, run)]
+    if run.ranks > 1:  # torchrun's agent as scripts/launch_multinode.sh runs it
+        launcher = ["sparrow.cli.launcher", "--standalone", f"--nproc-per-node={run.ranks}", "-m"]
+        cmd[2:2] = launcher
     record_status(root, run, "started", " ".join(cmd[3:]), 0.0)
     t0 = time.monotonic()
     with open(run_dir / "console.log", "a") as log:
         log.write(f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} {cmd}\n")
         log.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=_single_process_env(threads)
-        )
+        env = _single_process_env(threads)
+        if run.ranks > 1:  # torchrun would give each rank 1 thread; a one-process run has all
+            env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         try:
             rc = _wait(proc, stop)
         except BaseException:  # Ctrl-C or SIGTERM: stop the run too; resume=auto continues it

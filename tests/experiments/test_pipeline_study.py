@@ -1,9 +1,11 @@
-"""sparrow.experiments.pipeline_study: its two arms set the staleness they name, seed-major runs
+"""sparrow.experiments.pipeline_study: its arms set the staleness they name (the extra rollout-rank
+arm, behind its flag, is a 2-rank launch of torchrun's agent), seed-major runs
 seeded by `seed=S` alone; the table and sentence from hand-written metrics (the gain, the per-seed
 difference, the count of intervals above 0); and a tiny study of real sparrow-train processes
 (slow) whose report regenerates from the copied metrics alone."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,31 @@ def test_tiny_study_runs_both_arms_and_reports(tmp_path):
     # step 1 draws from the initial weights either way; step 2's rows are one version behind
     assert summaries["async1_s0"].staleness == pytest.approx(0.5)
     assert "Over 1 seed(s)" in (docs / "README.md").read_text()
+
+
+def test_the_rollout_rank_arm_is_a_2_rank_launch(monkeypatch, tmp_path):
+    from sparrow.experiments import study_runs
+
+    cfg = load_config(["preset=tiny", *ARMS["rollout1"].overrides])
+    assert (cfg.rl.async_rollout.staleness, cfg.cluster.rollout_ranks) == (1, 1)
+    assert ARMS["rollout1"].flag and study.STUDY.runs(["sync", "async1"], [0]) == [
+        r for r in study.STUDY.runs(list(ARMS), [0]) if r.name != "rollout1_s0"
+    ]
+    launched = []
+
+    class Launch:  # records the command instead of running it
+        def __init__(self, cmd, **kwargs):
+            launched.append((cmd, kwargs["env"]))
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(study_runs.subprocess, "Popen", Launch)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    (run,) = study.STUDY.runs(["rollout1"], [0])
+    study_runs._run_one(tmp_path, run, ["preset=tiny"], 2)
+    ((cmd, env),) = launched
+    assert cmd[1:7] == ["-m", "sparrow.cli.launcher", "--standalone", "--nproc-per-node=2", "-m",
+                        "sparrow.cli.train"]  # fmt: skip
+    assert "cluster.rollout_ranks=1" in cmd and "seed=0" in cmd
+    assert env["OMP_NUM_THREADS"] == str(os.cpu_count())  # as a one-process run's threads
