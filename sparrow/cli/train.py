@@ -188,8 +188,30 @@ def _run_or_lost_rank(cfg, pinned: frozenset[str]) -> int:
         )
 
 
+def _serve_rollouts(cfg, roles) -> int:
+    """A rollout rank's run. A signal lets it serve on until the trainers, who got it too, have
+    checkpointed and let it go; a lost trainer fails its next bridge collective (exit 4 above)."""
+    import signal
+
+    from sparrow.train.rollout_rank import serve_rollout_rank
+    from sparrow.train.run.stop_in_loop import GracefulStop
+
+    with GracefulStop() as stop:
+        try:
+            serve_rollout_rank(cfg, roles)
+        except ValueError as err:  # bad input found while loading the model or the reward
+            raise UserError(one_line(err)) from err
+    if stop.signum is None:
+        return 0
+    return stop_line(
+        f"sparrow-train: rollout rank stopped by {signal.Signals(stop.signum).name} with the "
+        "training ranks; run the same command again (resume=auto) to continue",
+        128 + stop.signum,
+    )
+
+
 def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
-    from sparrow.train.rollout_rank import join_cluster, serve_rollout_rank
+    from sparrow.train.rollout_rank import join_cluster
     from sparrow.train.run.stop_in_loop import StopRequested
     from sparrow.train.run.stored_config import ResumeMismatch
     from sparrow.train.run.weight_guard import NonFiniteStreak, NonFiniteWeights
@@ -206,11 +228,7 @@ def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
         except ValueError as err:
             raise UserError(one_line(err)) from err
     if roles is not None and roles.role == "rollout":
-        try:
-            serve_rollout_rank(cfg, roles)
-        except ValueError as err:  # bad input found while loading model, data, reward
-            raise UserError(one_line(err)) from err
-        return 0
+        return _serve_rollouts(cfg, roles)
     with stop_at_once("start-up", STARTUP_ADVICE):
         try:
             trainer = GRPOTrainer.from_config(cfg, pinned=pinned, roles=roles)

@@ -5,11 +5,11 @@ update, with the next step's draw one step ahead (rl.async.staleness=1).
 - The run equals the one-process staleness-1 run: every step's metrics (timings aside; the push's
   own keys exist only here) and the final weights byte for byte. The rollout rank draws from each
   request what the trainer's own engine would have drawn (prompts, plan, schedule, seed).
-- The rollout rank SIGKILLed mid-draw: the trainer stops in one line with exit code 4, and the
-  same command resumes to exactly the uninterrupted run.
+- The rollout rank SIGKILLed mid-draw, or the training rank in its update: the other stops in
+  one line with exit code 4, and the same command resumes to exactly the uninterrupted run.
 - The whole launch SIGKILLed while step 3's draw (frozen mid-decode on the rollout rank) overlaps
   step 2's update (frozen after its first micro-batch): resume=auto gives exactly the same run.
-Slow: seven launches, mostly start-up.
+Slow: nine launches, mostly start-up.
 """
 
 import json
@@ -146,6 +146,25 @@ def test_kill_with_a_rollout_in_flight_resumes_exactly(straight, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert sorted(_rows(run_dir)) == [1]
+    proc = _launch(run_dir, log)
+    assert _finish(proc, log) == 0, log.read_text()[-4000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000001'} at step 1" in log.read_text()
+    assert _rows(run_dir) == _rows(straight)
+    assert _weights(run_dir) == _weights(straight)
+
+
+@pytest.mark.slow
+def test_lost_training_rank_stops_the_rollout_rank_and_the_run_resumes_exactly(straight, tmp_path):
+    run_dir, log = tmp_path / "lost_trainer", tmp_path / "lost_trainer.log"
+    proc = _launch(run_dir, log, "update", 2, rank=0)  # step 3's draw is asked for by then
+    marker = log.with_suffix(".paused")
+    _wait_for(marker, proc, log)
+    os.kill(json.loads(marker.read_text())["pid"], signal.SIGKILL)
+    assert _finish(proc, log) == 4, log.read_text()[-4000:]
+    lines = log.read_text().rstrip().splitlines()
+    assert lines[-2] == "launch_multinode.sh: rank 0 was killed by SIGKILL, rank 1 exited with "\
+        "4; rank 1 said:"  # fmt: skip
+    assert lines[-1].startswith("sparrow-train: rank 1 of 2 stops: another rank was lost")
     proc = _launch(run_dir, log)
     assert _finish(proc, log) == 0, log.read_text()[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / 'step_000001'} at step 1" in log.read_text()
