@@ -6,6 +6,11 @@
 #
 # Wraps torchrun with a c10d rendezvous hosted at MASTER_ADDR:MASTER_PORT; arguments are passed
 # to `python -m sparrow.cli.train`. Defaults give a single-node run on this machine.
+# With cluster.rollout_ranks=R the world's last R ranks (the last node's, when R is its
+# NPROC_PER_NODE) run only the rollout engine and the others train:
+#   NNODES=2 NODE_RANK=... MASTER_ADDR=node0 NPROC_PER_NODE=8 scripts/launch_multinode.sh \
+#       cluster.rollout_ranks=8 ...                # node 1 rolls out for node 0's 8 trainers
+# (rl.async.staleness=1, the draw one step ahead, takes one training rank for now).
 # NPROC_PER_NODE defaults to the GPU count (1 process on a CPU-only node).
 # RDZV_ID names the job (agents with different ids never join each other).
 # SPARROW_ENTRY=path/to/script.py runs that script instead of sparrow.cli.train (tests use it).
