@@ -103,7 +103,7 @@ def test_a_streak_stops_the_run_with_a_clear_message(tmp_path):
 def test_cli_reports_the_streak_in_one_line(monkeypatch, capsys):
     class StreakingTrainer:
         @classmethod
-        def from_config(cls, cfg, pinned=None):
+        def from_config(cls, cfg, pinned=None, roles=None):
             return cls()
 
         def fit(self):
