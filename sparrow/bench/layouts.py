@@ -28,7 +28,8 @@ STEP_KEYS = ("time/", "async/", "sync/push_")
 
 
 def run_layouts(overrides: list[str], steps: int, warmup: int, tmp: Path) -> dict:
-    """Both arms' measured steps and their ratio; each arm's launch log in its run dir."""
+    """Both arms' measured steps and their ratio; an arm whose launch failed holds its `error`
+    (the launch's last lines) instead, and the ratio is then None."""
     report: dict = {}
     for label, arm in ARMS.items():
         run_dir = tmp / label
@@ -41,7 +42,14 @@ def run_layouts(overrides: list[str], steps: int, warmup: int, tmp: Path) -> dic
             f"rl.steps={warmup + steps}",
         ]
         print(f"\n== {label}: a 2-rank launch ({' '.join(arm)})", flush=True)
-        report[label] = {"steps": launch(run_dir, [*overrides, *forced])[warmup:]}
+        try:
+            report[label] = {"steps": launch(run_dir, [*overrides, *forced])[warmup:]}
+        except RuntimeError as err:
+            print(err, flush=True)
+            report[label] = {"error": str(err)}
+    if any("error" in report[label] for label in ARMS):
+        report["layout_speedup"] = None
+        return report
     colocated, split = (mean_step_s(report[label]) for label in ARMS)
     report["layout_speedup"] = colocated / split
     return report
@@ -77,6 +85,8 @@ def mean_step_s(arm: dict) -> float:
 
 def print_layouts(report: dict) -> None:
     labels = list(ARMS)
+    if report["layout_speedup"] is None:
+        return  # an arm failed: its error is printed and in the problems
     print(f"\n{'step':>6s}" + "".join(f"{label + ' s':>20s}" for label in labels))
     for i, rows in enumerate(zip(*(report[label]["steps"] for label in labels), strict=True)):
         print(f"{i + 1:6d}" + "".join(f"{r['step_s']:20.1f}" for r in rows))

@@ -156,7 +156,12 @@ def problems(report: dict) -> list[str]:
     ]
     layouts = report.get("layouts")
     if layouts is not None:
-        split = layouts["rollout1_train1"]["steps"]
+        found += [
+            f"the {label} launch failed: {arm['error'].splitlines()[-1]}"
+            for label, arm in layouts.items()
+            if isinstance(arm, dict) and "error" in arm
+        ]
+        split = layouts["rollout1_train1"].get("steps", [])
         if not all(s["phases"].get("sync/push_bytes") for s in split):
             found.append("the rollout-rank arm pushed no weights at some step")
     if len(report["async1"]["steps"]) < 2:
