@@ -38,19 +38,26 @@ def join_cluster(cfg: SparrowConfig) -> Roles | None:
             f"cluster.rollout_ranks={cluster.rollout_ranks} needs a torchrun launch "
             "(scripts/launch_multinode.sh) with more ranks than that"
         )
-    check_rollout_ranks(cfg)
+    check_rollout_ranks(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     return split_world(
         cluster.rollout_ranks, backend, timedelta(minutes=cluster.bridge_timeout_min)
     )
 
 
-def check_rollout_ranks(cfg: SparrowConfig) -> None:
-    """What rollout ranks do not run yet, refused in one line each before any model loads."""
+def check_rollout_ranks(cfg: SparrowConfig, world: int) -> None:
+    """What rollout ranks do not run yet in a `world` of ranks, refused in one line each before
+    any model loads (on every rank: the rollout ranks stop with the same line)."""
     if cfg.rl.dynamic_sampling.enabled:  # its rounds are decided over every rank's rewards
         raise ValueError("cluster.rollout_ranks with rl.dynamic_sampling is not supported yet")
     if cfg.distill.enabled and cfg.schedule.mode != "dense":  # the push carries theta only
         raise ValueError("cluster.rollout_ranks with distill.enabled is not supported yet")
+    trainers = world - cfg.cluster.rollout_ranks
+    if cfg.rl.async_rollout.staleness and trainers > 1:  # a checkpoint fetches rank 0's rows
+        raise ValueError(
+            f"rl.async.staleness=1 with cluster.rollout_ranks runs one training rank for now, "
+            f"not {trainers} (WORLD_SIZE={world} less {cfg.cluster.rollout_ranks})"
+        )
 
 
 def serve_rollout_rank(cfg: SparrowConfig, roles: Roles) -> int:

@@ -38,6 +38,13 @@ def test_what_rollout_ranks_do_not_run_yet_is_refused(monkeypatch, override, wor
         join_cluster(_cfg("cluster.rollout_ranks=1", override))
 
 
+def test_staleness_with_several_training_ranks_is_refused_on_every_rank(monkeypatch):
+    monkeypatch.setenv("RANK", "2")  # the rollout rank says it too
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="runs one training rank for now, not 2"):
+        join_cluster(_cfg("cluster.rollout_ranks=1", "rl.async.staleness=1"))
+
+
 @pytest.mark.parametrize(
     "fields", [{"rollout_ranks": -1}, {"push_bucket_mb": 0}, {"bridge_timeout_min": 0}]
 )
