@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*overrides, f"{key}={value}"]
     report: dict = {"config": {"argv": list(argv or []), "overrides": overrides}}
     with tempfile.TemporaryDirectory(prefix="sparrow-bench-pipeline-") as tmp:
+        if args.layouts:  # first: the launches plan for the host's RAM, which the arms below keep
+            report["layouts"] = run_layouts(overrides, args.steps, args.warmup, Path(tmp))
         for label, staleness in (("sync", 0), ("async1", 1)):
             forced = [
                 f"run_dir={tmp}/{label}",
@@ -62,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
             report[label] = run_arm(cfg, args.steps, args.warmup, label)
             write_json(args.json, report)  # partial results survive a later timeout
         report |= ratios(report["sync"], report["async1"])
-        if args.layouts:
-            report["layouts"] = run_layouts(overrides, args.steps, args.warmup, Path(tmp))
     report["problems"] = problems(report)
     print_table(report)
     if args.layouts:
