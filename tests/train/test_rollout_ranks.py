@@ -82,6 +82,15 @@ def _wait_for(path: Path, proc: subprocess.Popen, log: Path) -> None:
         pytest.fail(f"never reached {path.name}:\n{log.read_text()[-4000:]}")
 
 
+def _resumes_to(straight: Path, run_dir: Path, log: Path) -> None:
+    """The same command again resumes from step 1's checkpoint to exactly the straight run."""
+    proc = _launch(run_dir, log)
+    assert _finish(proc, log) == 0, log.read_text()[-4000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000001'} at step 1" in log.read_text()
+    assert _rows(run_dir) == _rows(straight)
+    assert _weights(run_dir) == _weights(straight)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
     """The uninterrupted 2-rank run."""
@@ -126,11 +135,7 @@ def test_lost_rollout_rank_stops_the_trainer_and_the_run_resumes_exactly(straigh
         "rank 0 said:"  # fmt: skip
     assert lines[-1].startswith(said) and "resume=auto continues from" in lines[-1]
     assert sorted(_rows(run_dir)) == [1]
-    proc = _launch(run_dir, log)
-    assert _finish(proc, log) == 0, log.read_text()[-4000:]
-    assert f"resumed from {run_dir / 'checkpoints' / 'step_000001'} at step 1" in log.read_text()
-    assert _rows(run_dir) == _rows(straight)
-    assert _weights(run_dir) == _weights(straight)
+    _resumes_to(straight, run_dir, log)
 
 
 @pytest.mark.slow
@@ -146,11 +151,7 @@ def test_kill_with_a_rollout_in_flight_resumes_exactly(straight, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert sorted(_rows(run_dir)) == [1]
-    proc = _launch(run_dir, log)
-    assert _finish(proc, log) == 0, log.read_text()[-4000:]
-    assert f"resumed from {run_dir / 'checkpoints' / 'step_000001'} at step 1" in log.read_text()
-    assert _rows(run_dir) == _rows(straight)
-    assert _weights(run_dir) == _weights(straight)
+    _resumes_to(straight, run_dir, log)
 
 
 @pytest.mark.slow
@@ -165,8 +166,4 @@ def test_lost_training_rank_stops_the_rollout_rank_and_the_run_resumes_exactly(s
     assert lines[-2] == "launch_multinode.sh: rank 0 was killed by SIGKILL, rank 1 exited with "\
         "4; rank 1 said:"  # fmt: skip
     assert lines[-1].startswith("sparrow-train: rank 1 of 2 stops: another rank was lost")
-    proc = _launch(run_dir, log)
-    assert _finish(proc, log) == 0, log.read_text()[-4000:]
-    assert f"resumed from {run_dir / 'checkpoints' / 'step_000001'} at step 1" in log.read_text()
-    assert _rows(run_dir) == _rows(straight)
-    assert _weights(run_dir) == _weights(straight)
+    _resumes_to(straight, run_dir, log)
