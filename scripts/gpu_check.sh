@@ -9,6 +9,8 @@
 #                                       # kernel bench (what does not fit beside the headline)
 #   bash scripts/gpu_check.sh step      # GRPO step bench, sparse vs dense, random Qwen3-1.7B
 #   bash scripts/gpu_check.sh distill   # the same with distill=default
+#   bash scripts/gpu_check.sh ranks     # cluster.rollout_ranks on GPUs: links over NCCL, the
+#                                       # weight push bench, a 1 + 1 run against one process
 #
 # Before the call, on the machine that has the repo: `bash scripts/gpu_wheels.sh` (or
 # `bash scripts/gpu_wheels.sh --stamp` when the wheels are there already) writes $WHEELS/COMMIT,
@@ -31,6 +33,8 @@
 #   kernels  probe (30 + 5) + compile (150 + 5) + decode_step (150 + 5) + 5              = 350
 #   rest     install (60 + 5) + probe (30 + 5) + gpu_tests (120 + 5)
 #            + engine_gpu_tests (80 + 5) + decode_bench (50 + 5) + kernel_bench (45 + 5) + 5 = 420
+#   ranks    install (60 + 5) + probe (30 + 5) + link_tests (45 + 5) + push_bench (55 + 5)
+#            + rollout_ranks (200 + 5) + 5                                                   = 420
 #   step, distill  STAGE_BUDGET_S = 415: the parts' caps are what is left of it ($SECONDS
 #                  counts the set-up), less 10 s
 # WORST_CASE_S below says the same; tests/test_gpu_check_script.py recomputes it from the lines.
@@ -49,8 +53,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE="${1:-}"
 case "$STAGE" in
-    kernels|rest|step|distill) ;;
-    *) echo "usage: bash scripts/gpu_check.sh {kernels|rest|step|distill}" >&2; exit 2 ;;
+    kernels|rest|step|distill|ranks) ;;
+    *) echo "usage: bash scripts/gpu_check.sh {kernels|rest|step|distill|ranks}" >&2; exit 2 ;;
 esac
 RESULTS="${OUT:-./gpu_results}"
 mkdir -p "$RESULTS"
@@ -65,7 +69,7 @@ KILL_GRACE_S=5  # a part's SIGKILL comes 3 s after its SIGTERM; 2 s for the bund
 INSTALL_CAP_S=60
 PROBE_CAP_S=30
 FINISH_S=5  # the bundle's last update
-declare -A WORST_CASE_S=([kernels]=350 [rest]=420 [step]=415 [distill]=415)
+declare -A WORST_CASE_S=([kernels]=350 [rest]=420 [step]=415 [distill]=415 [ranks]=420)
 unset TRITON_INTERPRET  # compiled kernels only
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 # One Triton cache for the stage: the compile part fills it, later parts (new processes) load.
@@ -188,6 +192,22 @@ rest)
     # kernel_bench: the tile sweep (~8 variants) at the benchmark's default shape.
     part kernel_bench 45 35 "$PY" -m sparrow.bench.cli kernel --sweep \
         --json "$WORK/kernel_bench.json"
+    ;;
+ranks)
+    # link_tests: a Link over NCCL as split_world builds the push group (1 rank: NCCL refuses
+    # two on one GPU), objects landing on the receiver's GPU: 15 s start + NCCL init ~5 s.
+    part link_tests 45 25 "$PY" -m pytest tests/test_cluster_gpu.py -m gpu -q -rs \
+        -p no:cacheprovider --junitxml="$WORK/link_tests.xml"
+    # push_bench: 2 ranks push random Qwen3-1.7B weights (3.4 GB in bf16), 64 and 256 MiB
+    # buckets, twice each, checked equal at the end; NCCL with 2 GPUs, gloo through host memory
+    # on one (the JSON's push_backend). 2 x 15 s start + ~5 s init + 3 engines + ~4 pushes.
+    part push_bench 55 40 "$PY" -m sparrow.bench.cli push --device cuda --dtype bfloat16 \
+        --model qwen3-1.7b --bucket-mb 64 256 --repeats 2 --json "$WORK/push_bench.json"
+    # rollout_ranks: preset=tiny, 3 steps at staleness 1: the 1 + 1 launch (2 x 15 s start,
+    # ~20 s of Triton compiles into the stage's cache, 3 tiny steps), the one-process run
+    # (~30 s) and, on one GPU, the NCCL refusal (~20 s).
+    part rollout_ranks 200 120 "$PY" -m pytest tests/train/test_rollout_ranks_gpu.py -m gpu \
+        -q -rs -s -p no:cacheprovider --junitxml="$WORK/rollout_ranks.xml"
     ;;
 step|distill)
     # The parts take what is left of STAGE_BUDGET_S (set-up included: $SECONDS counts from the

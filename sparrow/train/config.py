@@ -195,6 +195,10 @@ class ClusterConfig:
     # through the trainers' longest gap (an evaluation, a checkpoint), so it outlasts the actor's
     # collective timeout; a dead peer closes its connection and is seen at once anyway.
     bridge_timeout_min: float = 120.0
+    # The push's transport. auto: NCCL when every rank has a GPU of its own, else gloo (CPU
+    # ranks, or a host with fewer GPUs than ranks, e.g. 1 rollout + 1 training rank sharing
+    # one GPU: NCCL refuses two ranks on one GPU). The bridge (requests, rows) is always gloo.
+    push_backend: str = "auto"  # auto | nccl | gloo
 
     def __post_init__(self):
         if self.rollout_ranks < 0 or self.push_bucket_mb <= 0 or self.bridge_timeout_min <= 0:
@@ -202,6 +206,10 @@ class ClusterConfig:
                 f"cluster.rollout_ranks must be >= 0 and cluster.push_bucket_mb, "
                 f"cluster.bridge_timeout_min > 0, got {self.rollout_ranks}, "
                 f"{self.push_bucket_mb}, {self.bridge_timeout_min}"
+            )
+        if self.push_backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(
+                f"cluster.push_backend must be auto, nccl or gloo, got {self.push_backend!r}"
             )
 
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import torch
 
-from sparrow.cluster import Roles, split_world
+from sparrow.cluster import Roles, local_device, split_world
 from sparrow.distributed import Ranks
 from sparrow.models.loading import load_model
 from sparrow.rollout.engine import LLMEngine
@@ -27,9 +27,10 @@ from sparrow.train.rollout_draw import RolloutDraw
 
 
 def join_cluster(cfg: SparrowConfig) -> Roles | None:
-    """This process's role when the run has rollout ranks (torchrun's world split: gloo on CPU,
-    NCCL on GPUs), else None. Before anything else of the run: the roles' process groups are the
-    ones DeepSpeed and the step's sums then use."""
+    """This process's role when the run has rollout ranks (torchrun's world split: the training
+    ranks over gloo on CPU and NCCL on GPUs, the push as cluster.push_backend), else None.
+    Before anything else of the run: the roles' process groups are the ones DeepSpeed and the
+    step's sums then use."""
     cluster = cfg.cluster
     if not cluster.rollout_ranks:
         return None
@@ -40,9 +41,8 @@ def join_cluster(cfg: SparrowConfig) -> Roles | None:
         )
     check_rollout_ranks(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    return split_world(
-        cluster.rollout_ranks, backend, timedelta(minutes=cluster.bridge_timeout_min)
-    )
+    timeout = timedelta(minutes=cluster.bridge_timeout_min)
+    return split_world(cluster.rollout_ranks, backend, timeout, cluster.push_backend)
 
 
 def check_rollout_ranks(cfg: SparrowConfig, world: int) -> None:
@@ -65,9 +65,8 @@ def serve_rollout_rank(cfg: SparrowConfig, roles: Roles) -> int:
     steps drawn (its end line on stdout). The weights are the trainers' first push; the
     sampling seed of every draw comes with its request."""
     loaded = load_model(cfg.model)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
+    device = local_device()  # the split made it current
+    if device.type == "cuda":
         loaded.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to
     engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
     reward = build_reward(cfg.rl.reward)

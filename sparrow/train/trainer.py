@@ -504,7 +504,7 @@ class GRPOTrainer:
         return (
             f"\n  rollout ranks: {r} of {self.roles.world_size} (the last), draws "
             f"{'one step ahead' if self.staleness else 'in the step'}, weights pushed in "
-            f"{self.cfg.cluster.push_bucket_mb:g} MiB buckets"
+            f"{self.cfg.cluster.push_bucket_mb:g} MiB buckets over {self.roles.push_backend}"
         )
 
     def plan(self) -> str:

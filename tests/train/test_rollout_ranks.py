@@ -40,9 +40,11 @@ COMMON = [
 PUSH_KEYS = ("sync/push_s", "sync/push_bytes")
 
 
-def _launch(run_dir: Path, log: Path, phase="none", step=0, rank=None) -> subprocess.Popen:
+def _launch(
+    run_dir: Path, log: Path, phase="none", step=0, rank=None, extra=(), gpu=False
+) -> subprocess.Popen:
     """Two ranks, the last rolling out; `phase`/`step`: where pause_at.py freezes world rank
-    `rank` (None: any rank that reaches it)."""
+    `rank` (None: any rank that reaches it); `extra`: more overrides; `gpu`: CUDA visible."""
     env = _env() | {
         "PYTHON": sys.executable,
         "NPROC_PER_NODE": "2",
@@ -51,10 +53,13 @@ def _launch(run_dir: Path, log: Path, phase="none", step=0, rank=None) -> subpro
         "SPARROW_ENTRY": str(PAUSE_AT),
     }
     env.pop("PAUSE_AT_RANK")
+    if gpu:
+        env.pop("CUDA_VISIBLE_DEVICES")
     if rank is not None:
         env["PAUSE_AT_RANK"] = str(rank)
     marker = log.with_suffix(".paused")
-    args = [phase, str(step), str(marker), *COMMON, "cluster.rollout_ranks=1", f"run_dir={run_dir}"]
+    args = [phase, str(step), str(marker), *COMMON, "cluster.rollout_ranks=1", *extra]
+    args.append(f"run_dir={run_dir}")
     with open(log, "a") as out:
         return subprocess.Popen(
             ["bash", str(ROOT / "scripts" / "launch_multinode.sh"), *args], cwd=ROOT, env=env,
