@@ -45,19 +45,14 @@ from sparrow.train.build import (
     prepare_run,
 )
 from sparrow.train.config import SparrowConfig
-from sparrow.train.dynamic_sampling import (
-    Rollout,
-    Sampled,
-    staleness_metrics,
-)
+from sparrow.train.dynamic_sampling import Rollout, Sampled
 from sparrow.train.evaluation import PairedBaseline, eval_sampling, evaluate
 from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_update import PolicyUpdate, dense_pass
-from sparrow.train.remote_rollouts import RemoteRollouts
 from sparrow.train.rollout_draw import RolloutDraw
-from sparrow.train.rollout_pipeline import RolloutPipeline
+from sparrow.train.rollout_source import RolloutSource
 from sparrow.train.run.policy_export import export_policy
 from sparrow.train.run.state import RunState
 from sparrow.train.run.stop_in_loop import GracefulStop, StopRequested
@@ -127,15 +122,17 @@ class GRPOTrainer:
         )
         # The speedup probe re-rolls out with the draw's own SamplingParams (one object).
         self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.draw.sampling)
-        self.staleness = cfg.rl.async_rollout.staleness
-        if self.staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
+        staleness = cfg.rl.async_rollout.staleness
+        if staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
             raise ValueError("rl.async.staleness=1 runs on one training rank for now")
-        if self.staleness and self.distill is not None and not self.distill.cfg.gate:
+        if staleness and self.distill is not None and not self.distill.cfg.gate:
             # The same-weights replay is the engine's dense decode: theta + phi once merged.
             raise ValueError("rl.async.staleness=1 needs distill.gate=true (phi unmerged)")
-        self.roles = roles
-        self.pipeline = self._producer(roles)
-        self.produced = self.staleness > 0 or roles is not None  # the rows come from it
+        dtype = self.engine.runner.model.dtype
+        self.source = RolloutSource(
+            cfg, self.draw, self.monitor, self.steering, self.ranks, dtype, roles
+        )
+        self.pipeline = self.source.pipeline  # the producer (idle in a synchronous run)
         self.run = RunState(
             cfg,
             self.ranks,
@@ -147,18 +144,6 @@ class GRPOTrainer:
             baseline=PairedBaseline(),  # the first evaluation's per-prompt scores
             logger=self.logger,
             pending_rollout=self.pipeline,
-        )
-
-    def _producer(self, roles: Roles | None) -> RolloutPipeline | RemoteRollouts:
-        """The rollout producer: the rollout ranks when the run has them, else a thread of this
-        process (rl.async.staleness=1; idle at 0)."""
-        if roles is None:
-            return RolloutPipeline(self.draw.drawn_step)
-        return RemoteRollouts(
-            roles,
-            lambda step: self.draw.request(),
-            int(self.cfg.cluster.push_bucket_mb * 2**20),
-            self.engine.runner.model.dtype,
         )
 
     @property
@@ -182,8 +167,7 @@ class GRPOTrainer:
             self._sync_engine()
             self.steering.push()
         self.draw.version = self.step
-        if self.roles is not None:  # the rollout ranks start from the trainers' weights
-            self._push(self.step)
+        self.source.push(self.actor, self.step)  # rollout ranks start from the trainers' weights
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -225,9 +209,9 @@ class GRPOTrainer:
                     if not saved:
                         path = self.save()
                     self.logger.close()
-                    self.pipeline.close()
+                    self.source.close()
                     raise StopRequested(stop.signum or signal.SIGTERM, self.step, path)
-        self.pipeline.close()  # the rollout ranks' loop ends with the trainers'
+        self.source.close()  # the rollout ranks' loop ends with the trainers'
         export_policy(self.actor, self.tokenizer, self.run_dir / "policy", self.step, self.rank)
         self.logger.close()
         return last_eval or {}
@@ -273,20 +257,21 @@ class GRPOTrainer:
             distill = self._distill_update(
                 rollout.batch, dense, token_advantages, num_tokens, weights
             )
-        if self.produced:
+        if self.source.produced:
             with timer("rollout_wait"):  # the engine's weights never change under a generate
-                self.pipeline.wait()
+                self.source.wait()
         with timer("sync"):
             self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
             self.draw.version = self.step + 1
-            pushed = self._push(self.step + 1) if self.roles is not None else {}
+            pushed = self.source.push(self.actor, self.step + 1)
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
         metrics = self._step_metrics(sampled, acceptance.metrics | control, update | distill)
         metrics |= overlong["metrics"] | pushed
         self.reward_failures.check(self.step + 1, metrics)
         # Asynchronous: the rollout's throughput over its own time in the producer, not the wait.
-        drawn_time = {"time/rollout_s": metrics["async/rollout_s"]} if self.produced else {}
+        produced = self.source.produced
+        drawn_time = {"time/rollout_s": metrics["async/rollout_s"]} if produced else {}
         throughput = throughput_metrics(metrics["rollout/tokens"], self.world, times | drawn_time)
         return metrics | times | throughput
 
@@ -305,34 +290,9 @@ class GRPOTrainer:
     # ---- the phases -------------------------------------------------------------------------
 
     def _sample(self, timer: PhaseTimer) -> Sampled:
-        """This step's rollouts and rewards: drawn now (synchronous), or, asynchronous, the
-        producer's draw, waited for in the rollout phase; then at once its acceptance (on the
-        rows' own weights), the controller's move and the next step's draw, which so overlaps
-        the rest of this step."""
-        if not self.produced:
-            return self.draw(timer)
-        with timer("rollout"):
-            drawn = self.pipeline.result(self.step)
-        sampled = drawn.sampled
-        prompts, rollout = sampled.train.prompts, sampled.train.rollout
-        with timer("monitor"):  # the rows against the dense policy of their own weights
-            acceptance = self.monitor.measure_same_weights(
-                self.step,
-                [p.token_ids for p in prompts],
-                rollout.batch,
-                rollout.plan,
-                drawn.same_weights,
-                rollout.stats,
-            )
-        with timer("control"):  # this step's acceptance sets the next rollout's schedule
-            control = self.steering.update(rollout.batch, acceptance.stats)
-            if self.staleness and self.step + 1 < self.cfg.rl.steps:  # none past the last
-                self.pipeline.submit(self.step + 1)
-        sampled.steered = (acceptance, control)
-        versions = rollout.batch.weight_version
-        assert versions is not None, "collated with the engine's weight version"
-        sampled.metrics |= drawn.times | staleness_metrics(self.step, versions, self.ranks)
-        return sampled
+        """This step's rollouts and rewards (rollout_source.py: drawn now, or the producer's
+        draw, measured and steered at once while the next one starts)."""
+        return self.source.sample(self.step, timer)
 
     def _measure_and_steer(
         self, timer: PhaseTimer, prompts, rollout: Rollout, sampled: Sampled, dense, exact=None
@@ -448,7 +408,7 @@ class GRPOTrainer:
         given; skipped when not `theta_changed`); with DistillSparse also phi, unmerged and gated
         to sparse decode steps (distill.gate), or merged into theta. Waits for an in-flight
         rollout first: the engine's weights never change under a generate."""
-        self.pipeline.wait()
+        self.source.wait()
         if self.distill is not None and not self.distill.cfg.gate:
             self.engine.update_weights(self.distill.merged_state_dict())
             return
@@ -456,12 +416,6 @@ class GRPOTrainer:
             self.engine.update_weights(weights or self.actor.gathered_state_dict())
         if self.distill is not None:
             self.engine.set_lora(self.distill.lora_factors())
-
-    def _push(self, version: int) -> dict[str, float]:
-        """theta of `version` into the rollout ranks' engines (the push's time and bytes)."""
-        assert isinstance(self.pipeline, RemoteRollouts)
-        buckets = self.actor.weight_buckets(self.pipeline.bucket_bytes, self.pipeline.dtype)
-        return self.pipeline.push(buckets, version)
 
     def _log_histograms(self, histograms: dict[str, list[float]]) -> None:
         for name, values in histograms.items():
@@ -497,16 +451,6 @@ class GRPOTrainer:
             print(format_eval_line(self.step, result), flush=True)
         return result
 
-    def _roles_line(self) -> str:
-        if self.roles is None:
-            return ""
-        r = self.roles.rollout_ranks
-        return (
-            f"\n  rollout ranks: {r} of {self.roles.world_size} (the last), draws "
-            f"{'one step ahead' if self.staleness else 'in the step'}, weights pushed in "
-            f"{self.cfg.cluster.push_bucket_mb:g} MiB buckets over {self.roles.push_backend}"
-        )
-
     def plan(self) -> str:
         return (
             format_plan(
@@ -518,6 +462,6 @@ class GRPOTrainer:
                 self.seeds.describe(),
             )
             + f"\n  dense log-probs: {self.dense_pass_why}"
-            + self._roles_line()
+            + self.source.plan_line()
             + f"\n  {self.memory.line()}"
         )
