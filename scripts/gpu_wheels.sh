@@ -30,7 +30,12 @@ while [ $# -gt 0 ]; do
         *) echo "usage: $0 [--python-version X.Y] [--dest DIR] [--stamp]" >&2; exit 2 ;;
     esac
 done
-PY="${PYTHON:-python3}"
+# The building Python needs torch, setuptools and wheel (DeepSpeed's setup.py imports torch, and
+# nothing is built in isolation): $PYTHON, else the checkout's .venv (make setup), else python3.
+if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3
+fi
 mkdir -p "$DEST"
 
 # The commit stamp: what gpu_check.sh names its results by.

@@ -89,6 +89,19 @@ def test_tiny_step_runs_to_its_json(deps, tmp_path):
     assert {"sparse", "dense", "rollout_speedup", "step_speedup"} <= report.keys()
 
 
+def test_rollout_rank_launch_takes_its_packages_from_the_wheel_folder(deps, tmp_path):
+    """The ranks stage's runs start torchrun workers (scripts/launch_multinode.sh) and a
+    one-process run from a test: each child must still find the wheel folder's packages (its
+    PYTHONPATH extended, not replaced). The CPU twin of tests/train/test_rollout_ranks_gpu.py."""
+    test = "tests/train/test_rollout_ranks.py::test_rollout_rank_run_equals_the_one_process_run"
+    argv = ["-m", "pytest", "-q", "-m", "slow", "-p", "no:cacheprovider", test]
+    argv += ["--basetemp", str(tmp_path / "runs")]
+    env = _image(deps, tmp_path) | {"PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1500)  # fmt: skip
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:]
+
+
 def test_kernels_stage_on_the_cpu_returns_a_stamped_bundle_that_gpu_results_files(tmp_path):
     """The kernels stage on this CPU, in a copy of the tree without .git, on an image without
     the wheel folder's packages (the stage needs none): at most 4 files come back (the device

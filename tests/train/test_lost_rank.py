@@ -52,7 +52,8 @@ def _env() -> dict[str, str]:
         "CUDA_VISIBLE_DEVICES": "",
         "HF_HUB_OFFLINE": "1",
         "PAUSE_AT_RANK": "1",
-        "PYTHONPATH": str(ROOT),
+        # The checkout first, then what is there (the GPU check's offline wheels, DEPS_DIR).
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
 
 

@@ -26,6 +26,10 @@ from test_lost_rank import _TIMINGS, _env, _finish, _free_port
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = ROOT / "tests" / "train" / "pause_at.py"
 TIMEOUT_MIN = 0.5
+# A rollout rank waits on the bridge for the trainers' first push through their whole start-up,
+# which a loaded host or a first run (DeepSpeed, Triton caches) stretches past 30 s; a lost
+# peer closes its connection and is seen at once whatever the timeout.
+BRIDGE_TIMEOUT_MIN = 5
 COMMON = [
     "preset=tiny",
     "rl.steps=3",
@@ -35,7 +39,7 @@ COMMON = [
     "rl.async.staleness=1",
     "actor.micro_batch_size=4",  # several micro-batches, for the pause inside the update
     f"actor.collective_timeout_min={TIMEOUT_MIN}",
-    f"cluster.bridge_timeout_min={TIMEOUT_MIN}",
+    f"cluster.bridge_timeout_min={BRIDGE_TIMEOUT_MIN}",
 ]
 PUSH_KEYS = ("sync/push_s", "sync/push_bytes")
 
