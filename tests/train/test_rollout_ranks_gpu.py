@@ -33,7 +33,7 @@ def _backend() -> str:
 
 def _largest_difference(a: dict, b: dict) -> tuple[float, str]:
     """The largest relative difference over the values of two runs' rows, and where."""
-    worst = (0.0, "")
+    worst = (0.0, "every value equal")
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
     for step in a:
         assert a[step].keys() == b[step].keys(), (step, sorted(set(a[step]) ^ set(b[step])))
@@ -45,7 +45,8 @@ def _largest_difference(a: dict, b: dict) -> tuple[float, str]:
                 rel = abs(x - y) / max(abs(x), abs(y), 1e-12)
             else:
                 rel = 0.0 if x == y else math.inf
-            worst = max(worst, (rel, f"step {step} {key}: {x!r} vs {y!r}"))
+            if rel > worst[0]:
+                worst = (rel, f"step {step} {key}: {x!r} vs {y!r}")
     return worst
 
 
