@@ -95,12 +95,14 @@ def params_after_steps(zero_stage, micro_batch_size, steps=2):
 
 @pytest.mark.parametrize("zero_stage", [0, 2])
 def test_micro_batch_split_does_not_change_the_update(zero_stage):
-    """1 x 8 and 4 x 2 micro-batches give the same parameters (max |diff| <= 1e-6)."""
+    """1 x 8 and 4 x 2 micro-batches give the same parameters (max |diff| <= 3e-6: the summation
+    order differs; 1.28e-6 measured on a 2-core AVX-512 Xeon VM with torch 2.13.0+cpu, where
+    other hosts gave under 1e-6; a wrong micro-batch weighting moves them by ~1e-4)."""
     initial = tiny_causal_lm().state_dict()
     one, m_one = params_after_steps(zero_stage, micro_batch_size=8)
     four, m_four = params_after_steps(zero_stage, micro_batch_size=2)
     assert max((one[k] - initial[k]).abs().max() for k in one) > 1e-4  # it did train
-    assert max((one[k] - four[k]).abs().max() for k in one) <= 1e-6
+    assert max((one[k] - four[k]).abs().max() for k in one) <= 3e-6
     assert m_one["loss"] == pytest.approx(m_four["loss"], abs=1e-6)
     # Adam hides a uniform gradient scale; the norm shows the sum is not divided by 4.
     assert m_one["grad_norm"] == pytest.approx(m_four["grad_norm"], rel=1e-6)

@@ -65,7 +65,8 @@ def test_shared_train_step_gives_the_same_gradient_and_update(family, zero_stage
     for share in (False, True):
         # AdamW's first step is about lr * g / (|g| + eps): on an element with |g| ~ 1e-7 the
         # ~1e-9 round-off of g moves the update by ~1e-3 lr, so lr stays small enough that this
-        # stays below 1e-6 of the weights while a wrong gradient (a flipped sign) does not.
+        # stays below 3e-6 of the weights (1.13e-6 measured on a 2-core AVX-512 Xeon VM, under
+        # 1e-6 on other hosts) while a wrong gradient (a flipped sign: 2 lr) does not.
         actor = make_actor(family, share, zero_stage=zero_stage, lr=1e-5)
         old = logprobs(actor, batch).token_logprobs
         seen, grads = [], {}
@@ -100,7 +101,7 @@ def test_shared_train_step_gives_the_same_gradient_and_update(family, zero_stage
     assert max(float((p_row[k] - initial[k]).abs().max()) for k in p_row) > 5e-6  # it trained
     for name, param in p_row.items():
         rel = (p_shared[name] - param).abs().max() / param.abs().max().clamp_min(1e-12)
-        assert rel <= 1e-6, name
+        assert rel <= 3e-6, name
 
 
 def test_shared_prompt_runs_the_decoder_on_fewer_tokens():
