@@ -73,6 +73,26 @@ def test_table_and_sentence_from_hand_written_metrics(tmp_path):
         ).read_bytes()
 
 
+def test_a_split_run_is_checked_against_its_one_process_twin(tmp_path):
+    """rollout1_sN against async1_sN: the one in docs/twins/ when there is one (a run made beside
+    it on another host), else runs/; timings and the push's bytes aside, every value counts."""
+    docs = tmp_path / "docs"
+    _write_run(docs / "runs", "async1_s0", 0.3, (0.2, 0.1, 0.3), 1.0)
+    _write_run(docs / "runs", "rollout1_s0", 0.3, (0.2, 0.1, 0.3), 1.0)
+    _write_run(docs / "runs", "async1_s1", 0.3, (0.2, 0.1, 0.3), 1.0)
+    _write_run(docs / "runs", "rollout1_s1", 0.3, (0.2, 0.1, 0.3), 1.0)
+    _write_run(docs / "twins", "async1_s1", 0.3, (0.25, 0.1, 0.3), 1.0)  # one value differs
+    path = docs / "runs" / "rollout1_s0" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1] |= {"time/step_s": 99.0, "sync/push_bytes": 8.0}  # timings and the push: aside
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = table.format_twins(docs, ["async1_s0", "rollout1_s0", "rollout1_s1", "rollout1_s2"])
+    assert "| rollout1_s0 | runs/async1_s0 | 18 | 0 |" in text
+    assert "| rollout1_s1 | twins/async1_s1 | 18 | 2 |" in text  # eval/delta and the accuracy
+    assert "rollout1_s2" not in text  # not run
+    assert table.format_twins(docs, ["async1_s0"]) == ""
+
+
 def test_no_finished_seed_supports_no_sentence(tmp_path):
     _write_run(tmp_path, "sync_s0", 0.3, (0.3, 0.2, 0.4), 0.0)
     runs = [table.summarize_run(tmp_path, "sync_s0", 2)]
