@@ -88,7 +88,7 @@ def run_arm(cfg, steps: int, warmup: int, label: str) -> dict:
         trainer.step += 1
         # The draw the step left running counts in this step's wall time (its share the step
         # did not overlap), so that nothing runs between two timed steps.
-        trailing = trainer.pipeline.wait()
+        trailing = trainer.source.pipeline.wait()
         wall = time.perf_counter() - start
         if i >= warmup:
             rows.append(step_row(metrics, wall, trailing))

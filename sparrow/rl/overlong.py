@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sparrow.distributed import Ranks
+from sparrow.rl.batch import RolloutBatch
+
 
 @dataclass
 class OverlongConfig:
@@ -44,3 +47,23 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, cfg: OverlongConfig) 
 def truncated_rows(finish_reasons: list[str]) -> Tensor:
     """(N,) bool: the completions that stopped at the length limit."""
     return torch.tensor([r == "length" for r in finish_reasons], dtype=torch.bool)
+
+
+def overlong_shaping(
+    scores: Tensor, batch: RolloutBatch, max_new_tokens: int, cfg: OverlongConfig, ranks: Ranks
+) -> tuple[Tensor, dict]:
+    """The rewards the advantages see (the task's `scores` (B,) plus the soft penalty) and
+    {"masked": (B,) bool rows the loss leaves out or None, "metrics": overlong/* over all
+    ranks}."""
+    truncated = truncated_rows(batch.finish_reasons)  # (B,)
+    lengths = batch.completion_mask.sum(-1)  # (B,)
+    penalty = overlong_penalty(lengths, max_new_tokens, cfg)  # (B,)
+    metrics = {}
+    if cfg.buffer or cfg.mask_truncated:
+        n = len(batch)
+        metrics = {
+            "overlong/penalty_mean": ranks.mean(float(penalty.sum()), n),
+            "overlong/truncated_frac": ranks.mean(float(truncated.sum()), n),
+        }
+    masked = truncated if cfg.mask_truncated else None
+    return scores + penalty, {"masked": masked, "metrics": metrics}

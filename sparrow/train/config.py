@@ -8,6 +8,7 @@ logger) and adds the run-level fields. Library code receives these dataclasses, 
 import os
 from dataclasses import dataclass, field
 
+from sparrow.cluster import PUSH_BACKENDS
 from sparrow.control.controller import ControllerConfig
 from sparrow.control.schedule import ScheduleConfig
 from sparrow.distill.distill_sparse import DistillConfig
@@ -207,7 +208,7 @@ class ClusterConfig:
                 f"cluster.bridge_timeout_min > 0, got {self.rollout_ranks}, "
                 f"{self.push_bucket_mb}, {self.bridge_timeout_min}"
             )
-        if self.push_backend not in ("auto", "nccl", "gloo"):
+        if self.push_backend not in PUSH_BACKENDS:
             raise ValueError(
                 f"cluster.push_backend must be auto, nccl or gloo, got {self.push_backend!r}"
             )

@@ -27,11 +27,10 @@ from pathlib import Path
 
 from sparrow.cluster import Roles
 from sparrow.distributed import Ranks
-from sparrow.monitor.acceptance_metrics import AcceptanceResult
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch
 from sparrow.rl.losses import PolicyLoss
-from sparrow.rl.overlong import overlong_penalty, truncated_rows
+from sparrow.rl.overlong import overlong_shaping
 from sparrow.rl.policy_logprobs import LogprobOutput
 from sparrow.tasks.data import PromptIterator
 from sparrow.tasks.rewards import build_reward
@@ -132,7 +131,6 @@ class GRPOTrainer:
         self.source = RolloutSource(
             cfg, self.draw, self.monitor, self.steering, self.ranks, dtype, roles
         )
-        self.pipeline = self.source.pipeline  # the producer (idle in a synchronous run)
         self.run = RunState(
             cfg,
             self.ranks,
@@ -143,7 +141,7 @@ class GRPOTrainer:
             distill=self.distill,
             baseline=PairedBaseline(),  # the first evaluation's per-prompt scores
             logger=self.logger,
-            pending_rollout=self.pipeline,
+            pending_rollout=self.source.pipeline,
         )
 
     @property
@@ -298,9 +296,14 @@ class GRPOTrainer:
         self, timer: PhaseTimer, prompts, rollout: Rollout, sampled: Sampled, dense, exact=None
     ) -> tuple:
         """(the monitor's acceptance of the step, the controller's move on it: the next
-        rollout's schedule); the rollout logits are freed once read."""
-        with timer("monitor"):
-            acceptance = self._acceptance(prompts, rollout, dense, exact)
+        rollout's schedule); the rollout logits are freed once read. `exact` (B, T): the exact
+        acceptance the update's forward measured, None: the monitor's own pass (before the
+        update only)."""
+        with timer("monitor"):  # under the schedule the batch was rolled out with
+            ids = [p.token_ids for p in prompts]
+            acceptance = self.monitor.measure(
+                self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats, exact
+            )
             sampled.free_logits()
         with timer("control"):
             control = self.steering.update(rollout.batch, acceptance.stats)
@@ -336,33 +339,10 @@ class GRPOTrainer:
             group_ids=batch.group_ids,
         )
 
-    def _acceptance(
-        self, prompts, rollout: Rollout, dense: LogprobOutput, exact=None
-    ) -> AcceptanceResult:
-        """The monitor's measurement of the step (under the schedule the batch was rolled out
-        with: call before the controller moves it); `exact` (B, T): the exact acceptance the
-        update's forward measured, None: the monitor's own pass (before the update only)."""
-        ids = [p.token_ids for p in prompts]
-        return self.monitor.measure(
-            self.step, ids, rollout.batch, rollout.plan, dense, rollout.stats, exact
-        )
-
     def _overlong(self, scores, batch: RolloutBatch) -> tuple:
-        """The rewards the advantages see (the task's scores plus DAPO's soft overlong penalty)
-        and {"masked": (B,) bool rows the loss leaves out or None, "metrics": overlong/*}."""
-        cfg = self.cfg.rl.overlong
-        truncated = truncated_rows(batch.finish_reasons)  # (B,)
-        lengths = batch.completion_mask.sum(-1)  # (B,)
-        penalty = overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, cfg)  # (B,)
-        metrics = {}
-        if cfg.buffer or cfg.mask_truncated:
-            n = len(batch)
-            metrics = {
-                "overlong/penalty_mean": self.ranks.mean(float(penalty.sum()), n),
-                "overlong/truncated_frac": self.ranks.mean(float(truncated.sum()), n),
-            }
-        masked = truncated if cfg.mask_truncated else None
-        return scores + penalty, {"masked": masked, "metrics": metrics}
+        """The rewards the advantages see and what the loss leaves out (rl/overlong.py)."""
+        cfg, max_new = self.cfg.rl.overlong, self.cfg.rollout.max_new_tokens
+        return overlong_shaping(scores, batch, max_new, cfg, self.ranks)
 
     def _policy_update(
         self, batch: RolloutBatch, dense, token_advantages, num_tokens, masked_rows, row_logits

@@ -112,16 +112,24 @@ def straight(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.slow
-def test_rollout_rank_run_equals_the_one_process_run(straight, tmp_path):
+def one_process_run(tmp_path: Path, gpu=False) -> Path:
+    """The same run (COMMON) in one process, no rollout ranks; `gpu`: CUDA visible."""
     local, log = tmp_path / "local", tmp_path / "local.log"
     env = _env()
     env.pop("PAUSE_AT_RANK")
+    if gpu:
+        env.pop("CUDA_VISIBLE_DEVICES")
     cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(tmp_path / "none"), *COMMON]
     with open(log, "w") as out:
         done = subprocess.run([*cmd, f"run_dir={local}"], cwd=ROOT, env=env, stdout=out,
                               stderr=subprocess.STDOUT, timeout=900)  # fmt: skip
     assert done.returncode == 0, log.read_text()[-4000:]
+    return local
+
+
+@pytest.mark.slow
+def test_rollout_rank_run_equals_the_one_process_run(straight, tmp_path):
+    local = one_process_run(tmp_path)
     remote = _rows(straight)
     assert [remote[s]["async/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
     for row in remote.values():

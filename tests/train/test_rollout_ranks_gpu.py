@@ -11,14 +11,12 @@ trainer's. The runs should agree to the last bit, as on the CPU; the comparison 
 """
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_lost_rank import _env, _finish
-from test_rollout_ranks import COMMON, PAUSE_AT, ROOT, _launch, _rows
+from test_lost_rank import _finish
+from test_rollout_ranks import _launch, _rows, one_process_run
 
 pytestmark = [
     pytest.mark.gpu,
@@ -55,15 +53,7 @@ def test_a_gpu_rollout_rank_run_equals_the_one_process_gpu_run(tmp_path):
     proc = _launch(remote_dir, log, gpu=True)
     assert _finish(proc, log) == 0, log.read_text()[-4000:]
     assert f"weights pushed in 64 MiB buckets over {_backend()}" in log.read_text()
-    local, local_log = tmp_path / "local", tmp_path / "local.log"
-    env = _env()
-    env.pop("PAUSE_AT_RANK")
-    env.pop("CUDA_VISIBLE_DEVICES")
-    cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(tmp_path / "none"), *COMMON]
-    with open(local_log, "w") as out:
-        done = subprocess.run([*cmd, f"run_dir={local}"], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=600)  # fmt: skip
-    assert done.returncode == 0, local_log.read_text()[-4000:]
+    local = one_process_run(tmp_path, gpu=True)
     remote = _rows(remote_dir)
     assert [remote[s]["async/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
     for row in remote.values():
