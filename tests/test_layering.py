@@ -255,6 +255,168 @@ def test_layering_check_sees_violations(tmp_path):
     assert find_cycle(_module_graph(pkg)) is None
 
 
+# The redesigns' bounds (issues 39, 52 and 65), tested so that they cannot slip unseen again.
+MAX_FLAT_TRAIN_MODULES = 12  # sparrow/train/*.py, __init__ included; rooms hold the rest
+MAX_EXPERIMENT_LINES = 250  # each sparrow/experiments/*.py
+MAX_TRAINER_INIT_LINES = 40  # GRPOTrainer.__init__: the parts built, the rest in build.py
+# rollouts/ draws with the loop's helpers and never reaches the update side or the actor.
+ROLLOUTS_NEVER_IMPORT = (
+    "sparrow.train.trainer",
+    "sparrow.train.policy_update",
+    "sparrow.train.evaluation",
+    "sparrow.train.step_report",
+    "sparrow.rl.actor",
+)
+
+
+def flat_modules(package: Path) -> list[str]:
+    return sorted(p.name for p in package.glob("*.py"))
+
+
+def private_imports(path: Path, root: Path = PKG.parent) -> set[str]:
+    """`module.name` for each private name (`_x`, not dunder) `path` imports from another module
+    of sparrow: what is private to a module is used only there."""
+    own = _module(path, root)
+    bad = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        names = _imports_from(node, path, root)
+        if names is None or names[0] == own or not names[0].startswith("sparrow"):
+            continue
+        bad.update(f"{names[0]}.{n}" for n in names[1] if n.startswith("_") and n[:2] != "__")
+    return bad
+
+
+def _imports_from(node: ast.ImportFrom, path: Path, root: Path) -> tuple[str, list[str]] | None:
+    if node.level == 0:
+        base = node.module
+    else:
+        parts = path.relative_to(root).with_suffix("").parts
+        if path.name == "__init__.py":
+            parts = parts[:-1] + ("__init__",)
+        base = ".".join(parts[: -node.level] + ((node.module,) if node.module else ()))
+    return None if not base else (base, [alias.name for alias in node.names])
+
+
+def function_lines(path: Path, cls: str, name: str) -> int:
+    """How many lines `cls.name` spans in `path` (its def line to its last line)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    assert item.end_lineno is not None
+                    return item.end_lineno - item.lineno + 1
+    raise LookupError(f"{cls}.{name} not in {path}")
+
+
+def rollouts_violations(path: Path, root: Path = PKG.parent) -> set[str]:
+    """What a module of train/rollouts/ imports of the update side or the actor."""
+    if not _module(path, root).startswith("sparrow.train.rollouts"):
+        return set()
+    names = _imports(path, root)
+    return {n for n in names if any(n == m or n.startswith(m + ".") for m in ROLLOUTS_NEVER_IMPORT)}
+
+
+def control_violations(path: Path, root: Path = PKG.parent) -> set[str]:
+    """What a module of control/ (schedule, controller, cost model: math) imports of the
+    rollout engine."""
+    if _component(_module(path, root)) != "control":
+        return set()
+    return {n for n in _imports(path, root) if _component(n) == "rollout"}
+
+
+def test_train_holds_at_most_twelve_flat_modules():
+    flat = flat_modules(PKG / "train")
+    assert len(flat) <= MAX_FLAT_TRAIN_MODULES, (
+        f"sparrow/train/ holds {len(flat)} flat modules (bound {MAX_FLAT_TRAIN_MODULES}): "
+        f"give a noun its room (run/, memory/, logs/, rollouts/): {flat}"
+    )
+
+
+@pytest.mark.parametrize("path", _files(), ids=_rel)
+def test_no_private_name_imported_across_modules(path):
+    bad = private_imports(path)
+    assert not bad, f"{_rel(path)} imports private names of other modules: {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", _files(PKG / "experiments"), ids=_rel)
+def test_experiment_modules_stay_short(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_EXPERIMENT_LINES, f"{_rel(path)}: {lines} lines > {MAX_EXPERIMENT_LINES}"
+
+
+def test_trainer_init_stays_short():
+    lines = function_lines(PKG / "train" / "trainer.py", "GRPOTrainer", "__init__")
+    assert lines <= MAX_TRAINER_INIT_LINES, (
+        f"GRPOTrainer.__init__ is {lines} lines (bound {MAX_TRAINER_INIT_LINES}): build parts "
+        "in train/build.py"
+    )
+
+
+@pytest.mark.parametrize("path", _files(PKG / "train" / "rollouts"), ids=_rel)
+def test_rollouts_never_reach_the_update_side(path):
+    bad = rollouts_violations(path)
+    assert not bad, f"{_rel(path)} imports the update side or the actor: {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", _files(PKG / "control"), ids=_rel)
+def test_control_is_free_of_the_rollout_engine(path):
+    bad = control_violations(path)
+    assert not bad, f"{_rel(path)} imports the rollout engine: {sorted(bad)}"
+
+
+def test_bound_checks_see_planted_violations(tmp_path):
+    """Each bound above, planted in a scratch tree: the checkers must notice, or the tests could
+    never fail."""
+    pkg = tmp_path / "sparrow"
+    for part in ("train", "train/rollouts", "control", "monitor", "experiments"):
+        (pkg / part).mkdir(parents=True)
+        (pkg / part / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    for i in range(MAX_FLAT_TRAIN_MODULES):  # 12 with __init__.py: one too many
+        (pkg / "train" / f"m{i}.py").write_text("")
+    assert len(flat_modules(pkg / "train")) == MAX_FLAT_TRAIN_MODULES + 1
+    # A private name across modules, absolute and relative; a module's own, and dunders, pass.
+    probe = pkg / "monitor" / "same.py"
+    probe.write_text(
+        "from sparrow.monitor.exact import _split, public\n"
+        "from .exact import _other\n"
+        "from sparrow.monitor.same import _mine\n"
+        "from sparrow import __version__\n"
+    )
+    assert private_imports(probe, root=tmp_path) == {
+        "sparrow.monitor.exact._split",
+        "sparrow.monitor.exact._other",
+    }
+    long = pkg / "experiments" / "study.py"
+    long.write_text("x = 1\n" * (MAX_EXPERIMENT_LINES + 1))
+    assert len(long.read_text().splitlines()) > MAX_EXPERIMENT_LINES
+    trainer = pkg / "train" / "trainer.py"
+    body = "".join(f"        self.x{i} = {i}\n" for i in range(MAX_TRAINER_INIT_LINES))
+    trainer.write_text(f"class GRPOTrainer:\n    def __init__(self):\n{body}")
+    assert function_lines(trainer, "GRPOTrainer", "__init__") == MAX_TRAINER_INIT_LINES + 1
+    draw = pkg / "train" / "rollouts" / "draw.py"
+    draw.write_text(
+        "from sparrow.train.trainer import GRPOTrainer\n"
+        "from sparrow.train.dynamic_sampling import Sampled\n"
+        "def f():\n    from sparrow.rl import actor\n"
+    )
+    assert rollouts_violations(draw, root=tmp_path) == {
+        "sparrow.train.trainer",
+        "sparrow.train.trainer.GRPOTrainer",
+        "sparrow.rl.actor",
+    }
+    steer = pkg / "control" / "controller.py"
+    steer.write_text(
+        "from sparrow.rollout.engine import LLMEngine\nfrom sparrow.control import x\n"
+    )
+    assert control_violations(steer, root=tmp_path) == {
+        "sparrow.rollout.engine",
+        "sparrow.rollout.engine.LLMEngine",
+    }
+
+
 # What a benchmark or the engine imports must work on a GPU image without the training-only
 # packages: reading a config, the rollout engine and the decode/kernel/rollout benchmarks.
 LIGHT_MODULES = [

@@ -193,7 +193,7 @@ def _serve_rollouts(cfg, roles) -> int:
     checkpointed and let it go; a lost trainer fails its next bridge collective (exit 4 above)."""
     import signal
 
-    from sparrow.train.rollout_rank import serve_rollout_rank
+    from sparrow.train.rollouts.rank import serve_rollout_rank
     from sparrow.train.run.stop_in_loop import GracefulStop
 
     with GracefulStop() as stop:
@@ -211,7 +211,7 @@ def _serve_rollouts(cfg, roles) -> int:
 
 
 def _run(cfg, pinned: frozenset[str] = frozenset()) -> int:
-    from sparrow.train.rollout_rank import join_cluster
+    from sparrow.train.rollouts.rank import join_cluster
     from sparrow.train.run.stop_in_loop import StopRequested
     from sparrow.train.run.stored_config import ResumeMismatch
     from sparrow.train.run.weight_guard import NonFiniteStreak, NonFiniteWeights

@@ -54,7 +54,7 @@ def exact_batch_acceptance(
     prefix once per micro-batch, as that pass does.
     """
     temperature = temperature if temperature > 0 else 1.0
-    prompts, completions = _split(batch)
+    prompts, completions = prompt_and_completion_ids(batch)
     sparse_logits = rollout_logits(engine, batch, prompts, completions, schedules)  # (T_i, V)
     accept = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (B, T)
     device = next(dense_model.parameters()).device
@@ -110,7 +110,7 @@ def measured_logits(engine, batch: RolloutBatch, rows: Tensor, schedules: list) 
     batch); None for the others. For the update's forward to measure (rl.dense_pass=update)."""
     index = torch.arange(len(batch))[rows]  # (b,)
     chosen = batch.select(index)
-    prompts, completions = _split(chosen)
+    prompts, completions = prompt_and_completion_ids(chosen)
     logits = rollout_logits(engine, chosen, prompts, completions, [schedules[b] for b in index])
     out: list[Tensor | None] = [None] * len(batch)
     for b, x in zip(index.tolist(), logits, strict=True):
@@ -152,7 +152,8 @@ def _micro_batches(runs: Tensor, micro_batch_size: int) -> list[slice]:
     ]
 
 
-def _split(batch: RolloutBatch) -> tuple[list[list[int]], list[list[int]]]:
+def prompt_and_completion_ids(batch: RolloutBatch) -> tuple[list[list[int]], list[list[int]]]:
+    """Each row's prompt and completion token ids (padding dropped), as the engine saw them."""
     prompts, completions = [], []
     for b in range(len(batch)):
         p0 = int(batch.prompt_lens[b])

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sparrow.control.acceptance import exact_acceptance
-from sparrow.monitor.exact_acceptance import _split, rollout_logits
+from sparrow.monitor.exact_acceptance import prompt_and_completion_ids, rollout_logits
 from sparrow.monitor.rollout_plan import RolloutPlan, exact_rows
 from sparrow.rl.batch import RolloutBatch
 from sparrow.rl.policy_logprobs import LogprobOutput
@@ -49,7 +49,7 @@ def same_weights_dense(
     if rows is None:
         rows = exact_rows(plan.floor_rows, fraction)  # (B,) bool
     sub = batch.select(torch.arange(len(batch))[rows])
-    prompts, completions = _split(sub)
+    prompts, completions = prompt_and_completion_ids(sub)
     schedules = None if plan.schedules is None else [plan.schedules[i] for i in _where(rows)]
     sparse_logits = rollout_logits(engine, sub, prompts, completions, schedules)  # (C_b, V)
     dense_logits = engine.score(prompts, completions, [None] * len(sub))  # (C_b, V), dense

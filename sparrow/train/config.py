@@ -86,7 +86,7 @@ class DynamicSamplingConfig:
 
 @dataclass
 class AsyncConfig:
-    """Rollout overlapped with the update (sparrow/train/rollout_pipeline.py). The CLI key is
+    """Rollout overlapped with the update (sparrow/train/rollouts/pipeline.py). The CLI key is
     `rl.async.staleness` (`async` is a Python keyword: the field is `rl.async_rollout`, and the
     CLI rewrites one key into the other, sparrow/cli/config_loader.py)."""
 

@@ -50,8 +50,8 @@ from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_update import PolicyUpdate, dense_pass
-from sparrow.train.rollout_draw import RolloutDraw
-from sparrow.train.rollout_source import RolloutSource
+from sparrow.train.rollouts.draw import RolloutDraw
+from sparrow.train.rollouts.source import RolloutSource, check_staleness
 from sparrow.train.run.policy_export import export_policy
 from sparrow.train.run.state import RunState
 from sparrow.train.run.stop_in_loop import GracefulStop, StopRequested
@@ -85,7 +85,7 @@ class GRPOTrainer:
     ) -> "GRPOTrainer":
         """Sized first (the memory fit returns the config the run uses), then built. `pinned`:
         keys the user set, which the fit leaves as set; `make_actor`: see build_actor; `roles`:
-        a training rank's place in a world with rollout ranks (train/rollout_rank.py)."""
+        a training rank's place in a world with rollout ranks (train/rollouts/rank.py)."""
         return cls(prepare_run(cfg, pinned), make_actor, roles)
 
     def __init__(self, run: PreparedRun, make_actor=None, roles: Roles | None = None):
@@ -108,29 +108,7 @@ class GRPOTrainer:
         self.dense_pass, self.dense_pass_why = dense_pass(cfg)  # "update" or "separate"
         self.run_dir = Path(cfg.run_dir)
         self.logger = MetricsLogger(cfg.logger, self.run_dir, asdict(cfg), enabled=self.rank == 0)
-        # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
-        dense_is_theta = self.distill is None or self.distill.cfg.gate
-        self.draw = RolloutDraw(
-            cfg,
-            self.engine,
-            lambda num_prompts: self.monitor.plan(num_prompts, dense_is_theta),
-            self.prompts,
-            self.tokenizer,
-            reward,
-            self.ranks,
-        )
-        # The speedup probe re-rolls out with the draw's own SamplingParams (one object).
-        self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.draw.sampling)
-        staleness = cfg.rl.async_rollout.staleness
-        if staleness and self.world > 1:  # a checkpoint holds rank 0's pending draw only
-            raise ValueError("rl.async.staleness=1 runs on one training rank for now")
-        if staleness and self.distill is not None and not self.distill.cfg.gate:
-            # The same-weights replay is the engine's dense decode: theta + phi once merged.
-            raise ValueError("rl.async.staleness=1 needs distill.gate=true (phi unmerged)")
-        dtype = self.engine.runner.model.dtype
-        self.source = RolloutSource(
-            cfg, self.draw, self.monitor, self.steering, self.ranks, dtype, roles
-        )
+        self._build_rollout_side(run, reward, roles)
         self.run = RunState(
             cfg,
             self.ranks,
@@ -142,6 +120,27 @@ class GRPOTrainer:
             baseline=PairedBaseline(),  # the first evaluation's per-prompt scores
             logger=self.logger,
             pending_rollout=self.source.pipeline,
+        )
+
+    def _build_rollout_side(self, run: PreparedRun, reward, roles: Roles | None) -> None:
+        """The draw, the monitor that measures its rows, and the source the loop takes them
+        from (its own draw, or a producer)."""
+        # A gated adapter never acts on dense rows: the engine's dense decode is then theta's.
+        dense_is_theta = self.distill is None or self.distill.cfg.gate
+        self.draw = RolloutDraw(
+            self.cfg,
+            self.engine,
+            lambda num_prompts: self.monitor.plan(num_prompts, dense_is_theta),
+            self.prompts,
+            self.tokenizer,
+            reward,
+            self.ranks,
+        )
+        # The speedup probe re-rolls out with the draw's own SamplingParams (one object).
+        self.monitor = build_monitor(run, self.engine, self.actor, self.ranks, self.draw.sampling)
+        check_staleness(self.cfg.rl.async_rollout.staleness, self.world, self.distill)
+        self.source = RolloutSource(
+            self.cfg, self.draw, self.monitor, self.steering, self.ranks, roles
         )
 
     @property
@@ -288,7 +287,7 @@ class GRPOTrainer:
     # ---- the phases -------------------------------------------------------------------------
 
     def _sample(self, timer: PhaseTimer) -> Sampled:
-        """This step's rollouts and rewards (rollout_source.py: drawn now, or the producer's
+        """This step's rollouts and rewards (rollouts/source.py: drawn now, or the producer's
         draw, measured and steered at once while the next one starts)."""
         return self.source.sample(self.step, timer)
 

@@ -58,7 +58,7 @@ from sparrow.rl.actor import DenseActor
 from sparrow.rollout.engine import LLMEngine
 from sparrow.rollout.model_runner import ModelRunner
 from sparrow.tasks.rewards import RewardResult, register_reward
-from sparrow.train.rollout_draw import RolloutDraw
+from sparrow.train.rollouts.draw import RolloutDraw
 from sparrow.train.trainer import GRPOTrainer
 
 PHASES = (

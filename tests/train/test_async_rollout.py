@@ -15,7 +15,7 @@ import torch
 from fake_actor import FakeActor
 from test_loop_fake_actor import OVERRIDES, _parity
 
-import sparrow.train.rollout_draw as draw_module
+import sparrow.train.rollouts.draw as draw_module
 from sparrow.cli.config_loader import load_config
 from sparrow.monitor.exact_acceptance import exact_batch_acceptance
 from sparrow.tasks.rewards import GuardedReward

@@ -1,4 +1,4 @@
-"""The asynchronous loop's rollout producer (sparrow/train/rollout_pipeline.py) and its config key:
+"""The asynchronous loop's rollout producer (sparrow/train/rollouts/pipeline.py) and its config key:
 a draw runs in another thread while the caller goes on, `wait` blocks until it is done (the
 trainer calls it before the engine's weights change), a failed draw raises in the caller, and a
 finished draw not yet taken survives a checkpoint round trip."""
@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from sparrow.cli.config_loader import ConfigError, load_config, python_key
-from sparrow.train.rollout_pipeline import DrawnStep, RolloutPipeline
+from sparrow.train.rollouts.drawn import DrawnStep
+from sparrow.train.rollouts.pipeline import RolloutPipeline
 
 
 def _drawn(step: int) -> DrawnStep:

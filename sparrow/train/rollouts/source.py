@@ -1,17 +1,15 @@
 """Where a step's rows come from: drawn in the step on this rank's engine (rl.async.staleness=0,
 one process), or taken from a producer, which is a thread of this process drawing one step
-ahead (staleness 1, rollout_pipeline.py) or the rollout ranks (cluster.rollout_ranks,
-remote_rollouts.py). A producer's rows are measured at once against the dense policy of the
+ahead (staleness 1, pipeline.py) or the rollout ranks (cluster.rollout_ranks,
+remote.py). A producer's rows are measured at once against the dense policy of the
 weights that sampled them (their same-weights replay), the controller moves on that, and the
 next step's draw is asked for, so that it overlaps the rest of the step.
 
-    source = RolloutSource(cfg, draw, monitor, steering, ranks, engine_dtype, roles)
+    source = RolloutSource(cfg, draw, monitor, steering, ranks, roles)
     sampled = source.sample(step, timer)     # rollout, rewards (and, produced, monitor, control)
     ...                                      # the update
     source.wait(); pushed = source.push(actor, step + 1)
 """
-
-import torch
 
 from sparrow.cluster import Roles
 from sparrow.distributed import Ranks
@@ -19,10 +17,20 @@ from sparrow.monitor.monitor import Monitor
 from sparrow.train.config import SparrowConfig
 from sparrow.train.dynamic_sampling import Sampled, staleness_metrics
 from sparrow.train.phase_timer import PhaseTimer
-from sparrow.train.remote_rollouts import RemoteRollouts
-from sparrow.train.rollout_draw import RolloutDraw
-from sparrow.train.rollout_pipeline import RolloutPipeline
+from sparrow.train.rollouts.draw import RolloutDraw
+from sparrow.train.rollouts.pipeline import RolloutPipeline
+from sparrow.train.rollouts.remote import RemoteRollouts
 from sparrow.train.schedule_steering import ScheduleSteering
+
+
+def check_staleness(staleness: int, world: int, distill) -> None:
+    """Refuse what a producer one step ahead cannot do yet (`distill`: the run's DistillSparse
+    or None)."""
+    if staleness and world > 1:  # a checkpoint holds rank 0's pending draw only
+        raise ValueError("rl.async.staleness=1 runs on one training rank for now")
+    if staleness and distill is not None and not distill.cfg.gate:
+        # The same-weights replay is the engine's dense decode: theta + phi once merged.
+        raise ValueError("rl.async.staleness=1 needs distill.gate=true (phi unmerged)")
 
 
 class RolloutSource:
@@ -35,11 +43,10 @@ class RolloutSource:
         monitor: Monitor,
         steering: ScheduleSteering,
         ranks: Ranks,
-        engine_dtype: torch.dtype,
         roles: Roles | None,
     ):
-        """`draw`: this rank's RolloutDraw; `engine_dtype`: the push's; `roles`: a training
-        rank's place in a world with rollout ranks, None without them."""
+        """`draw`: this rank's RolloutDraw (its engine's dtype is the push's); `roles`: a
+        training rank's place in a world with rollout ranks, None without them."""
         self.cfg, self.draw, self.ranks = cfg, draw, ranks
         self.monitor, self.steering = monitor, steering
         self.staleness = cfg.rl.async_rollout.staleness
@@ -49,9 +56,8 @@ class RolloutSource:
             self.pipeline = RolloutPipeline(draw.drawn_step)
         else:
             bucket_bytes = int(cfg.cluster.push_bucket_mb * 2**20)
-            self.pipeline = RemoteRollouts(
-                roles, lambda step: draw.request(), bucket_bytes, engine_dtype
-            )
+            dtype = draw.engine.runner.model.dtype
+            self.pipeline = RemoteRollouts(roles, lambda step: draw.request(), bucket_bytes, dtype)
         self.produced = self.staleness > 0 or roles is not None  # the rows come from it
 
     def sample(self, step: int, timer: PhaseTimer) -> Sampled:

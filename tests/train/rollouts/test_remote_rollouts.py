@@ -1,4 +1,4 @@
-"""Rollout ranks serving the trainers (sparrow/train/remote_rollouts.py over sparrow/cluster.py):
+"""Rollout ranks serving the trainers (sparrow/train/rollouts/remote.py over sparrow/cluster.py):
 the asynchronous loop's calls, answered across processes.
 
 Each case runs tests/train/remote_worker.py under torchrun (gloo, CPU; ~40 s, mostly start-up):
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "rl"))
+sys.path.insert(0, str(HERE.parents[1] / "rl"))
 from test_distributed import clean_env, free_port  # noqa: E402
 
 WORKER = HERE / "remote_worker.py"
@@ -28,7 +28,7 @@ def torchrun(out: Path, ranks: int, rollout: int, *args: str) -> list[dict]:
     cmd += ["--master_port", str(free_port()), str(WORKER), "--out", str(out)]
     cmd += ["--rollout-ranks", str(rollout), *args]
     proc = subprocess.run(
-        cmd, env=clean_env(), cwd=HERE.parents[1], capture_output=True, text=True, timeout=300
+        cmd, env=clean_env(), cwd=HERE.parents[2], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return [torch.load(out / f"train{r}.pt", weights_only=False) for r in range(ranks - rollout)]

@@ -1,5 +1,5 @@
 """The rollout producer on rollout ranks apart from the trainers (sparrow/cluster.py's roles): the
-training side's `RemoteRollouts` answers rollout_pipeline.RolloutPipeline's calls, and each
+training side's `RemoteRollouts` answers pipeline.RolloutPipeline's calls, and each
 rollout rank runs `serve_rollouts`, which draws and loads pushed weights in the order the trainers
 ask, one request at a time.
 
@@ -29,7 +29,7 @@ import torch
 
 from sparrow.cluster import Roles
 from sparrow.rollout.weight_push import PushStats, WeightPush
-from sparrow.train.rollout_pipeline import DrawnStep
+from sparrow.train.rollouts.drawn import DrawnStep, PendingStep
 
 # draw(step, payload, version) -> DrawnStep: the rollout rank's work for one step.
 Draw = Callable[[int, Any, int], DrawnStep]
@@ -52,20 +52,17 @@ class RemoteRollouts:
         self.roles, self._payload = roles, payload
         self.push_link = roles.push  # training rank 0 only
         self.bucket_bytes, self.dtype = bucket_bytes, dtype
-        self._step: int | None = None  # the step submitted and not taken
-        self._done: DrawnStep | None = None  # its rows, fetched early for a checkpoint
+        self._slot = PendingStep()  # its rows in hand only once fetched (a checkpoint's)
 
     @property
     def pending(self) -> int | None:
-        return self._step
+        return self._slot.step
 
     def submit(self, step: int) -> None:
         """The rollout ranks start drawing `step` (they are busy until it is done)."""
-        if self._step is not None:
-            raise RuntimeError(f"step {self._step}'s rollout is still pending, not {step}'s")
+        self._slot.start(step)
         self._request(("draw", step))
         self.roles.bridge.gather_objects(self._payload(step))
-        self._step = step
 
     def wait(self) -> float:
         """Block until the rollout ranks' draw in flight (if any) is done; the seconds waited."""
@@ -76,13 +73,12 @@ class RemoteRollouts:
 
     def result(self, step: int) -> DrawnStep:
         """`step`'s rollout from this rank's paired rollout rank (drawn now if not submitted)."""
-        if self._step is None:
+        if self._slot.step is None:
             self.submit(step)
-        if self._step != step:
-            raise RuntimeError(f"step {self._step}'s rollout is pending, step {step} asked")
-        done = self._done if self._done is not None else self._rows(step)
-        self._step, self._done = None, None
-        return done
+        self._slot.check(step)
+        if self._slot.done is None:
+            self._slot.done = self._rows(step)
+        return self._slot.take()
 
     def _rows(self, step: int) -> DrawnStep:
         self._request(("rows", step))
@@ -113,15 +109,12 @@ class RemoteRollouts:
         sampling seed are spent, and their weights are gone once the update moved them). A
         collective of every rank of the world: one training rank only (the trainer refuses
         staleness with more)."""
-        if self._step is None:
-            return None
-        if self._done is None:
-            self._done = self._rows(self._step)
-        return {"drawn": self._done}
+        if self._slot.step is not None and self._slot.done is None:
+            self._slot.done = self._rows(self._slot.step)
+        return self._slot.state_dict()
 
     def load_state_dict(self, state: dict | None) -> None:
-        self._done = None if state is None else state["drawn"]
-        self._step = None if self._done is None else self._done.step
+        self._slot.load_state_dict(state)
 
     def _request(self, request: tuple) -> None:
         self.roles.bridge.broadcast_object(request, 0)

@@ -1,5 +1,5 @@
-"""Worker for tests/train/test_remote_rollouts.py, under torchrun with 2 to 4 ranks (gloo, CPU):
-`--rollout-ranks` ranks serve rollouts (sparrow/train/remote_rollouts.py), the others train (a
+"""Worker for tests/train/rollouts/test_remote_rollouts.py, under torchrun with 2 to 4 ranks (gloo,
+CPU): `--rollout-ranks` ranks serve rollouts (sparrow/train/rollouts/remote.py), the others train (a
 stand-in loop with RolloutPipeline's calls, as the asynchronous trainer makes them).
 
 The trainers' "update" adds 1 to every weight of a tiny model, so the engine weights of version v
@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_lm
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for tiny_lm
 from tiny_lm import tiny_causal_lm  # noqa: E402
 
 from sparrow.cluster import split_world  # noqa: E402
 from sparrow.distributed import lost_peer  # noqa: E402
 from sparrow.rl.actor import parameter_buckets  # noqa: E402
 from sparrow.rollout.engine import EngineConfig, LLMEngine  # noqa: E402
-from sparrow.train.remote_rollouts import RemoteRollouts, serve_rollouts  # noqa: E402
-from sparrow.train.rollout_pipeline import DrawnStep  # noqa: E402
+from sparrow.train.rollouts.drawn import DrawnStep  # noqa: E402
+from sparrow.train.rollouts.remote import RemoteRollouts, serve_rollouts  # noqa: E402
 
 BUCKET = 40_000  # bytes: several buckets, the embedding in pieces
 

@@ -1,7 +1,7 @@
 """A run's rollout ranks (cluster.rollout_ranks=R under torchrun): the world split into roles, and
 what a rollout rank runs instead of the trainer. It loads the model and builds the engine from the
 same config as the trainers (their memory fit sizes actor knobs only: the engine is the same), no
-actor, no optimizer and no prompts of its own, and serves draws (train/remote_rollouts.py) until
+actor, no optimizer and no prompts of its own, and serves draws (train/rollouts/remote.py) until
 the trainers stop it: for each training rank it serves, a RolloutDraw made for that rank's place
 draws what the rank asks for (the prompts, plan, schedule and seed in its request) on the weights
 the trainers last pushed.
@@ -22,8 +22,8 @@ from sparrow.models.loading import load_model
 from sparrow.rollout.engine import LLMEngine
 from sparrow.tasks.rewards import build_reward
 from sparrow.train.config import SparrowConfig
-from sparrow.train.remote_rollouts import serve_rollouts
-from sparrow.train.rollout_draw import RolloutDraw
+from sparrow.train.rollouts.draw import RolloutDraw
+from sparrow.train.rollouts.remote import serve_rollouts
 
 
 def join_cluster(cfg: SparrowConfig) -> Roles | None:

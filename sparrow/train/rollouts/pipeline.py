@@ -20,21 +20,8 @@ only these five calls and the `DrawnStep` it hands back.
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from sparrow.monitor.same_weights import SameWeightsDense
-from sparrow.train.dynamic_sampling import Sampled
-
-
-@dataclass
-class DrawnStep:
-    """One step's rollout as the producer hands it over."""
-
-    step: int  # the 0-based step it is for
-    sampled: Sampled  # the rounds, the trained groups, their rewards (kept logits freed)
-    version: int  # the weight version that sampled every row (its rows' batch.weight_version)
-    same_weights: SameWeightsDense  # the trained rows' monitored share, on their own weights
-    times: dict[str, float]  # async/<phase>_s of the draw in the thread (rollout, rewards, ...)
+from sparrow.train.rollouts.drawn import DrawnStep, PendingStep
 
 
 class RolloutPipeline:
@@ -43,20 +30,17 @@ class RolloutPipeline:
         current weights (run in the producer's thread)."""
         self._draw = draw
         self._thread: threading.Thread | None = None
-        self._done: DrawnStep | None = None
         self._error: BaseException | None = None
-        self._step: int | None = None  # the step submitted or finished, not yet taken
+        self._slot = PendingStep()
 
     @property
     def pending(self) -> int | None:
         """The step of the draw in flight or finished and not taken; None when there is none."""
-        return self._step
+        return self._slot.step
 
     def submit(self, step: int) -> None:
         """Start drawing `step`'s rollout in the background."""
-        if self._step is not None:
-            raise RuntimeError(f"step {self._step}'s rollout is still pending, not {step}'s")
-        self._step = step
+        self._slot.start(step)
         self._thread = threading.Thread(
             target=self._run, args=(step,), name=f"rollout-{step}", daemon=True
         )
@@ -70,20 +54,17 @@ class RolloutPipeline:
             self._thread.join()
             self._thread = None
         if self._error is not None:
-            error, self._error, self._step = self._error, None, None
+            error, self._error, self._slot.step = self._error, None, None
             raise error
         return time.perf_counter() - start
 
     def result(self, step: int) -> DrawnStep:
         """`step`'s rollout, drawn now if nothing was submitted for it."""
-        if self._step is None:
+        if self._slot.step is None:
             self.submit(step)
-        if self._step != step:
-            raise RuntimeError(f"step {self._step}'s rollout is pending, step {step} asked")
+        self._slot.check(step)
         self.wait()
-        done, self._done, self._step = self._done, None, None
-        assert done is not None, "a finished draw without an error left its result"
-        return done
+        return self._slot.take()
 
     def close(self) -> None:
         """The loop is over: wait for a draw in flight (none is submitted past the last step)."""
@@ -93,15 +74,14 @@ class RolloutPipeline:
         """The finished draw not yet taken (waits for one in flight), or None: what a resumed
         run trains next instead of drawing it again (its prompts and sampling calls are spent)."""
         self.wait()
-        return None if self._done is None else {"drawn": self._done}
+        return self._slot.state_dict()
 
     def load_state_dict(self, state: dict | None) -> None:
         self.wait()
-        self._done = None if state is None else state["drawn"]
-        self._step = None if self._done is None else self._done.step
+        self._slot.load_state_dict(state)
 
     def _run(self, step: int) -> None:
         try:
-            self._done = self._draw(step)
+            self._slot.done = self._draw(step)
         except BaseException as err:  # handed to the trainer's thread by wait()
             self._error = err

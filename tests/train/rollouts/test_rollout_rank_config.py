@@ -7,7 +7,7 @@ import pytest
 from sparrow.cli.config_loader import load_config
 from sparrow.train.config import ClusterConfig, MemoryConfig
 from sparrow.train.memory.fit import GiB, rank_device_memory
-from sparrow.train.rollout_rank import join_cluster
+from sparrow.train.rollouts.rank import join_cluster
 
 
 def _cfg(*overrides: str):

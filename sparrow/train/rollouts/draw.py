@@ -1,6 +1,6 @@
 """One step's rollouts and rewards on this rank's engine, apart from the trainer: the part of the
 GRPO step that needs the engine, the prompts and the reward, and no actor. The synchronous loop
-calls it in the step; the asynchronous one (rollout_pipeline.py) in its producer thread, where
+calls it in the step; the asynchronous one (pipeline.py) in its producer thread, where
 `drawn_step` adds the same-weights dense replay the monitor measures the rows against.
 
     draw = RolloutDraw(cfg, engine, plan, prompts, tokenizer, reward, ranks)
@@ -8,7 +8,7 @@ calls it in the step; the asynchronous one (rollout_pipeline.py) in its producer
     drawn = draw.drawn_step(step)        # the same, with the replay, as the producer hands it
     draw.version = step + 1              # after the engine loaded the weights of update `step`
 
-With rollout ranks (cluster.rollout_ranks, train/remote_rollouts.py) a training rank asks for its
+With rollout ranks (cluster.rollout_ranks, train/rollouts/remote.py) a training rank asks for its
 draw with `draw.request()` (the step's prompts, the rollout plan, the engine's schedule and its
 sampling seed: everything the draw depends on besides the weights), and the rollout rank's own
 RolloutDraw, made for that training rank's place, draws it with `draw.drawn_from(step, request,
@@ -28,7 +28,7 @@ from sparrow.train.build import rollout_sampling
 from sparrow.train.config import SparrowConfig
 from sparrow.train.dynamic_sampling import Rollout, Round, Sampled, sample_step
 from sparrow.train.phase_timer import PhaseTimer
-from sparrow.train.rollout_pipeline import DrawnStep
+from sparrow.train.rollouts.drawn import DrawnStep
 
 
 class RolloutDraw:
