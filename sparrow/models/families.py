@@ -7,7 +7,9 @@ models (loading.py) read.
 All four are Llama-style decoders (RMSNorm, RoPE, GQA, bias-free SwiGLU MLP, tied or separate
 LM head); they differ in q/k norms, attention biases and sliding windows. Sparrow attends over the
 whole context, so a sliding window is refused unless it never cuts anything: off (Qwen2/Qwen3's
-`use_sliding_window: false`), or for Mistral a `sliding_window` of at least the run's context.
+`use_sliding_window: false`), or for Mistral a `sliding_window` of at least the run's context
+and of each engine call's longest sequence (`check_window`; the engine API holds no prompt to the
+model's positions, which the CLIs' context is).
 The dense actor runs the HF model itself, which handles every family here.
 Attributes are read, nothing is imported from transformers.
 """
@@ -94,13 +96,26 @@ def check_family(config, context_tokens: int | None = None, context_from: str = 
             f"{model_type}: use_sliding_window=true is not supported (sparrow attends over the "
             "whole context): set use_sliding_window: false in the model's config.json"
         )
-    window = getattr(config, "sliding_window", None) if family.window == WINDOW_SIZE else None
-    if window is not None and context_tokens is not None and window < context_tokens:
+    if context_tokens is not None:
         source = f" ({context_from})" if context_from else ""
-        raise ValueError(
-            f"{model_type}: sliding_window={window} is shorter than the run's "
-            f"{context_tokens}-token context{source}, and sparrow attends over the whole "
-            f"context: use a checkpoint with sliding_window: null, or a context of at most "
-            f"{window} tokens"
-        )
+        context = f"the run's {context_tokens}-token context{source}"
+        check_window(config, context_tokens, context, fits="a context of")
     return family
+
+
+def check_window(config, context_tokens: int, context: str, fits: str) -> None:
+    """A one-line ValueError when the config's sliding window (a Mistral `sliding_window`) is
+    shorter than `context_tokens`: HF attends over only the window's last tokens there, sparrow
+    over all of them. `context` says what holds the tokens and `fits` what must fit the window
+    instead (the message ends "or {fits} at most {window} tokens"). The engine checks its
+    construction's context (check_family) and each call's longest sequence with it."""
+    family = FAMILIES.get(str(getattr(config, "model_type", None)))
+    if family is None or family.window != WINDOW_SIZE:
+        return
+    window = getattr(config, "sliding_window", None)
+    if window is not None and window < context_tokens:
+        raise ValueError(
+            f"{config.model_type}: sliding_window={window} is shorter than {context}, and "
+            f"sparrow attends over the whole context: use a checkpoint with sliding_window: "
+            f"null, or {fits} at most {window} tokens"
+        )

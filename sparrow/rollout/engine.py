@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sparrow.models.families import check_family
+from sparrow.models.families import check_family, check_window
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.model_runner import ModelRunner
@@ -98,8 +98,9 @@ class SamplingParams:
 class LLMEngine:
     def __init__(self, model, tokenizer, cfg: EngineConfig, schedule: Schedule | None = None):
         self.cfg = cfg
-        # A sequence holds at most the pool's tokens and the model's positions: a sliding window
-        # (Mistral) at least that long never cuts what sparrow's full attention reads.
+        self.model_config = model.config
+        # A sliding window (Mistral) shorter than the pool and the positions is refused here, as
+        # the CLIs hold sequences to both; a call's longer sequence, in the call (_check_window).
         positions = getattr(model.config, "max_position_embeddings", None)
         pool_tokens = cfg.num_pages * cfg.page_size
         check_family(
@@ -183,6 +184,7 @@ class LLMEngine:
         the engine's own (seed + call index), which then does not advance.
         """
         _check_prompts(prompts, n, params)
+        _check_window(self.model_config, prompts, [params.max_tokens] * len(prompts), "max_tokens")
         schedules = self._per_sequence(schedules, len(prompts) * n)
         kept = _logits_store(params, logits_rows, len(prompts) * n)
         if seed is None:
@@ -282,6 +284,7 @@ class LLMEngine:
         decode sparse; None: dense). Identical prompts are prefilled once and share their full
         pages, as in generate, so dense and sparse replays of one prompt cost one prefill; every
         sequence is held in the cache at once (no preemption)."""
+        _check_window(self.model_config, prompts, [len(c) for c in completions], "completion")
         schedules = self._per_sequence(schedules, len(prompts))
         bm = BlockManager(self.cfg.num_pages, self.cfg.page_size)
         seqs = [
@@ -435,6 +438,20 @@ def _logits_store(
     if len(rows) != num_seqs:
         raise ValueError(f"got {len(rows)} logits_rows for {num_seqs} sequences")
     return LogitsStore(list(rows))
+
+
+def _check_window(
+    config, prompts: list[list[int]], completion_tokens: list[int], what: str
+) -> None:
+    """Refuse a call whose longest sequence, prompt + `what` (max_tokens, or the completion
+    scored), a sliding window would cut (families.check_window)."""
+    rows = list(zip(map(len, prompts), completion_tokens, strict=True))  # (prompt, completion)
+    if not rows:
+        return
+    i = max(range(len(rows)), key=lambda i: sum(rows[i]))
+    p, c = rows[i]
+    context = f"the {p + c} tokens of prompt {i} ({p}) + its {what} ({c})"
+    check_window(config, p + c, context, fits=f"a prompt + {what} of")
 
 
 def _check_prompts(prompts: list[list[int]], n: int, params: SamplingParams) -> None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 import transformers
 
-from sparrow.models.families import FAMILIES, check_family, closest_family
+from sparrow.models.families import FAMILIES, check_family, check_window, closest_family
 from sparrow.models.loading import ModelConfig, tiny_model_config
 from sparrow.models.model_config import read_model_config
 from sparrow.models.shape import ModelShape
@@ -62,6 +62,28 @@ def test_mistral_window_is_checked_against_the_context():
     check_family(config)  # no context known: nothing to check it against
     with pytest.raises(ValueError, match=r"^mistral: sliding_window=4096 .* 4097-token context"):
         check_family(config, context_tokens=4097)
+
+
+def test_check_window_names_what_holds_the_tokens_and_what_must_fit():
+    """The one window check, shared by check_family and the engine's calls: only a Mistral's
+    window refuses, and only a context over it."""
+    config = tiny_model_config("mistral", sliding_window=64)
+    check_window(config, 64, "unused", fits="unused")
+    with pytest.raises(ValueError) as e:
+        check_window(
+            config, 65, "the 65 tokens of prompt 0 (60) + its max_tokens (5)", "a prompt of"
+        )
+    assert str(e.value) == (
+        "mistral: sliding_window=64 is shorter than the 65 tokens of prompt 0 (60) + its "
+        "max_tokens (5), and sparrow attends over the whole context: use a checkpoint with "
+        "sliding_window: null, or a prompt of at most 64 tokens"
+    )
+    for unwindowed in (
+        tiny_model_config("mistral"),  # sliding_window: null
+        tiny_model_config("qwen2", use_sliding_window=False, sliding_window=64),  # switched off
+        tiny_model_config("llama"),
+    ):
+        check_window(unwindowed, 1 << 20, "unused", fits="unused")
 
 
 @pytest.mark.parametrize(

@@ -169,3 +169,39 @@ def test_mistral_window_at_least_the_context_equals_hf(tokenizer, prompts):
     ):
         make_engine(model, tokenizer)
     make_engine(model, tokenizer, num_pages=127)  # 508 tokens: within the window
+
+
+def test_mistral_window_a_call_would_exceed_is_refused_in_the_call(tokenizer, prompts):
+    """A window at least the model's positions passes the engine's construction (the CLIs hold
+    every sequence to the positions), but the engine API holds no prompt to them: a call with a
+    prompt + max_tokens (or + scored completion) over the window, which HF would attend over only
+    the last 20 tokens of, is refused in one line; a call within the window equals HF."""
+    config = tiny_model_config(
+        "mistral", vocab_size=len(tokenizer), sliding_window=20, max_position_embeddings=20
+    )
+    config.initializer_range = 0.2
+    model = random_model(config, seed=2)
+    engine = make_engine(model, tokenizer)  # a 512-token pool: construction checks 20 positions
+    short, long = prompts[0], prompts[1] + prompts[3]  # 17 and 40 tokens
+    full = copy.deepcopy(model)
+    full.config.sliding_window = None
+    with torch.no_grad():
+        hf_short, hf_long, full_long = (
+            m(torch.tensor([p])).logits[0, -1]
+            for m, p in ((model, short), (model, long), (full, long))
+        )
+    # What is refused matters: HF's window changes the long prompt's first-token logits.
+    assert (hf_long - full_long).abs().max() > 1.0
+    params = SamplingParams(temperature=0.0, max_tokens=3, return_logits=True)
+    out = engine.generate([short], params)[0]  # 17 + 3 tokens: within the window
+    torch.testing.assert_close(out.logits[0], hf_short, rtol=0, atol=1e-4)
+    with pytest.raises(ValueError) as e:
+        engine.generate([short, long], params)
+    assert str(e.value) == (
+        "mistral: sliding_window=20 is shorter than the 43 tokens of prompt 1 (40) + its "
+        "max_tokens (3), and sparrow attends over the whole context: use a checkpoint with "
+        "sliding_window: null, or a prompt + max_tokens of at most 20 tokens"
+    )
+    with pytest.raises(ValueError, match=r"^mistral: sliding_window=20 is shorter than the 21 "):
+        engine.score([short], [[5, 6, 7, 8]])
+    assert len(engine.score([short], [[5, 6, 7]])[0]) == 3  # 20 tokens: within the window
