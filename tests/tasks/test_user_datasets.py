@@ -49,6 +49,22 @@ def test_gsm8k_extractor_takes_what_follows_the_last_hashes(cell, expected):
 
 
 @pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("(3, 4)", "(3, 4)"),  # a pair: its comma is no thousands separator
+        ("3, 4", "3, 4"),
+        ("3,4", "3,4"),
+        ("1,2345", "1,2345"),  # four digits after it: not a thousands group
+        ("x = \\frac{1}{2}, y = -0.5", "x = \\frac{1}{2}, y = -0.5"),
+        ("$1,234,567.50", "$1234567.50"),  # every thousands comma goes, nothing else
+        ("(1,000, 2,000)", "(1000, 2000)"),
+    ],
+)
+def test_gsm8k_extractor_drops_only_thousands_separators(answer, expected):
+    assert extract_answer("gsm8k", f"work...\n#### {answer}") == expected
+
+
+@pytest.mark.parametrize(
     "cell, expected",
     [
         ("So $x = \\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),  # nested braces
@@ -166,6 +182,33 @@ def test_bad_rows_are_skipped_and_counted_in_the_summary(chatml, tmp_path):
     assert "skipped 1 of 7 longer than 120 tokens, 3 with an empty prompt, 2 without an answer" in (
         data.summary()
     )
+
+
+def test_rows_whose_template_field_is_blank_or_missing_are_skipped_and_counted(chatml, tmp_path):
+    # As a blank prompt_column row: an unfilled "Solve: ... ()" is no prompt to train on.
+    rows = [
+        {"question": "What is 1 + 1?", "unit": "apples", "answer": "#### 2"},
+        {"question": "What is 2 + 2?", "unit": "", "answer": "#### 4"},  # empty field
+        {"question": "What is 3 + 3?", "unit": " \t", "answer": "#### 6"},  # blank field
+        {"question": "What is 4 + 4?", "answer": "#### 8"},  # no value for the field
+        {"question": "What is 5 + 5?", "unit": None, "answer": "#### 10"},  # null
+        {"question": "", "unit": "pears", "answer": "#### 0"},  # the other field empty
+        {"question": "What is 6 + 6?", "unit": "pears", "answer": "#### 12"},
+    ]
+    cfg = DataConfig(
+        source=_write_jsonl(tmp_path / "template.jsonl", rows),
+        template="Solve: {question} ({unit})",
+        answer_extractor="gsm8k",
+        chat_template=False,
+        heldout_fraction=0.0,
+    )
+    data = load_prompts(cfg, chatml)
+    assert [(p.index, p.text, p.answer) for p in data.prompts] == [
+        (0, "Solve: What is 1 + 1? (apples)", "2"),
+        (6, "Solve: What is 6 + 6? (pears)", "12"),
+    ]
+    assert (data.num_rows, data.num_skipped_empty, data.num_skipped_no_answer) == (7, 5, 0)
+    assert "5 with an empty prompt" in data.summary()
 
 
 def test_a_file_of_bad_rows_is_refused_in_one_line(chatml, tmp_path):
