@@ -1,6 +1,6 @@
 """pass@k and mean@k of the held-out evaluation (issue 50): the estimator against values worked
-out by hand, the metrics of k samples on a scripted engine, and the default evaluation's metric
-names unchanged."""
+out by hand, the metrics of k samples on a scripted engine (pass@j counts full marks only,
+mean@k partial credit too), and the default evaluation's metric names unchanged."""
 
 import math
 from fractions import Fraction
@@ -10,7 +10,7 @@ import pytest
 
 from sparrow.rollout.engine import SamplingParams
 from sparrow.tasks.data import Prompt
-from sparrow.tasks.rewards import RewardConfig, build_reward
+from sparrow.tasks.rewards import GuardedReward, RewardConfig, build_reward
 from sparrow.train.evaluation import (
     eval_sampling,
     evaluate,
@@ -104,6 +104,31 @@ def test_k_samples_give_pass_at_j_and_mean_at_k_of_the_fixture():
         assert metrics[f"eval/{name}_hi95"] == pytest.approx(hi)
         assert lo < metrics[f"eval/{name}"] < hi
     assert not any(key.startswith("eval/pass@1") for key in metrics)
+
+
+def test_pass_at_j_counts_full_marks_only_and_mean_at_k_counts_partial_credit():
+    # "half" earns 0.5, "almost" 0.99: partial credit. With each replaced by a wrong answer
+    # (0) pass@j must not move, while mean@k loses exactly the partial credit.
+    marks = {"right": 1.0, "half": 0.5, "almost": 0.99, "wrong": 0.0}
+    reward = GuardedReward(lambda p, c, r: marks[c], "marks", timeout_s=None)
+    partial = [
+        ["half", "half", "half", "half"],  # partial credit only: no correct sample
+        ["right", "half", "almost", "wrong"],
+        ["half", "right", "right", "wrong"],
+    ]
+    without = [["wrong" if c in ("half", "almost") else c for c in s] for s in partial]
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    prompts = _prompts(["a", "b", "c"])
+    got, base = (
+        sampled_metrics(ScriptedEngine(c), reward, prompts, params, 4) for c in (partial, without)
+    )
+    for name in ("pass@2", "pass@4"):
+        for suffix in ("", "_lo95", "_hi95"):
+            assert got[f"eval/{name}{suffix}"] == base[f"eval/{name}{suffix}"], name + suffix
+    # c correct of 4 per prompt: 0, 1, 2 -> pass@2 = 0, 1/2, 5/6.
+    assert got["eval/pass@2"] == pytest.approx((0 + 1 / 2 + 5 / 6) / 3)
+    credit = (4 * 0.5) + (0.5 + 0.99) + 0.5  # the partial marks, per prompt of 4 samples
+    assert got["eval/mean@4"] - base["eval/mean@4"] == pytest.approx(credit / 4 / 3)
 
 
 LEGACY_KEYS = {
