@@ -92,7 +92,9 @@ def _check_user_reward(reward) -> None:
     from sparrow.tasks.user_reward import RewardFunctionError, check_user_reward
 
     try:
-        check_user_reward(reward.function, reward.kwargs, reward.batched, reward.isolate)
+        check_user_reward(
+            reward.function, reward.kwargs, reward.batched, reward.isolate, reward.env_passthrough
+        )
     except RewardFunctionError as err:
         raise UserError(one_line(err)) from err
 

@@ -53,8 +53,14 @@ class RewardConfig:
     # per batch (TRL's and verl's batched form), with a deadline of timeout_s per completion
     batched: bool = False
     # true: `function` runs in a worker process that imports the file itself and is killed at the
-    # deadline (a hang inside C code, a crash or a leak cannot take the trainer with it)
+    # deadline (a hang inside C code, a crash or a leak cannot take the trainer with it). The
+    # worker runs in a temporary directory of its own, prints to stderr, and sees only the
+    # environment variables of sparrow.tasks.sandbox.WORKER_ENV (PATH, HOME, LANG, LC_*,
+    # PYTHONPATH, TMPDIR, ...): no W&B, HF or cloud key
     isolate: bool = False
+    # with `isolate`: names of more environment variables the worker sees (an API key the
+    # reward needs, say: rl.reward.env_passthrough=[OPENAI_API_KEY])
+    env_passthrough: list[str] = field(default_factory=list)
 
 
 def exact_match(prompt: str, completion: str, reference: str) -> RewardResult:
@@ -105,7 +111,9 @@ def register_reward(name: str, factory: Callable[[RewardConfig], RewardFn]) -> N
 def build_reward(cfg: RewardConfig) -> GuardedReward:
     """The guarded reward: the user's `cfg.function` when set, else the one named by `cfg.name`."""
     if cfg.function:
-        fn = build_user_reward(cfg.function, cfg.kwargs, cfg.batched, cfg.isolate, cfg.timeout_s)
+        fn = build_user_reward(
+            cfg.function, cfg.kwargs, cfg.batched, cfg.isolate, cfg.timeout_s, cfg.env_passthrough
+        )
         return GuardedReward(fn, cfg.function, timeout_s=cfg.timeout_s, batched=cfg.batched)
     if cfg.name not in REWARDS:
         raise ValueError(f"unknown reward {cfg.name!r}; registered: {sorted(REWARDS)}")

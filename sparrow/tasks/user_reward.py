@@ -21,7 +21,7 @@ import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -133,20 +133,32 @@ def _import_failed(spec: str, source: str, err: BaseException) -> str:
 
 
 def build_user_reward(
-    spec: str, kwargs: dict[str, Any], batched: bool, isolate: bool, timeout_s: float | None
+    spec: str,
+    kwargs: dict[str, Any],
+    batched: bool,
+    isolate: bool,
+    timeout_s: float | None,
+    env_passthrough: Sequence[str] = (),
 ) -> Callable:
-    """The reward function to guard: the user's with its kwargs, in this process or isolated."""
+    """The reward function to guard: the user's with its kwargs, in this process or isolated
+    (in a worker that sees only the sandbox's environment and `env_passthrough`)."""
     if isolate:
-        return IsolatedReward(spec, kwargs, batched, timeout_s)
+        return IsolatedReward(spec, kwargs, batched, timeout_s, env_passthrough)
     fn = load_reward_function(spec, kwargs, batched)
     return partial(fn, **kwargs) if kwargs else fn
 
 
-def check_user_reward(spec: str, kwargs: dict[str, Any], batched: bool, isolate: bool) -> None:
+def check_user_reward(
+    spec: str,
+    kwargs: dict[str, Any],
+    batched: bool,
+    isolate: bool,
+    env_passthrough: Sequence[str] = (),
+) -> None:
     """Raise RewardFunctionError if the function cannot be used; an isolated one is checked in a
     worker process of its own, so that its file is never imported by the trainer."""
     if isolate:
-        IsolatedReward(spec, kwargs, batched, timeout_s=None).close()
+        IsolatedReward(spec, kwargs, batched, None, env_passthrough).close()
     else:
         load_reward_function(spec, kwargs, batched)
 
@@ -156,16 +168,24 @@ class IsolatedReward:
 
     enforces_timeout = True  # the sandbox kills the worker at the deadline: no guard thread
 
-    def __init__(self, spec: str, kwargs: dict[str, Any], batched: bool, timeout_s: float | None):
+    def __init__(
+        self,
+        spec: str,
+        kwargs: dict[str, Any],
+        batched: bool,
+        timeout_s: float | None,
+        env_passthrough: Sequence[str] = (),
+    ):
         source, colon, name = spec.rpartition(":")
-        if source.endswith(".py") or "/" in source:  # the worker gets a path that cannot move
+        if source.endswith(".py") or "/" in source:  # the worker runs in a directory of its own
             source = str(Path(source).expanduser().resolve())
         self.spec, self.kwargs, self.batched = f"{source}{colon}{name}", dict(kwargs), batched
+        self.name = name  # what a timeout or a dead worker is said of
         self.timeout_s = timeout_s  # per completion; a batched call gets it times its size
         # Each fresh worker (the first, and each after a kill) imports the file before its
         # first call, so the import is charged to no call's deadline.
         init = partial(_check_in_worker, self.spec, self.kwargs, batched)
-        self.sandbox = Sandbox(init=init, start_timeout_s=IMPORT_TIMEOUT_S)
+        self.sandbox = Sandbox(init, IMPORT_TIMEOUT_S, env_passthrough)
         try:
             problem = self.sandbox.call(
                 _check_in_worker, self.spec, self.kwargs, batched, timeout_s=IMPORT_TIMEOUT_S
@@ -175,7 +195,11 @@ class IsolatedReward:
             raise RewardFunctionError(f"{KEY}={spec!r}: the reward worker failed: {err}") from err
         if problem is not None:  # said with the function as the user wrote it
             self.close()
-            raise RewardFunctionError(problem.replace(repr(self.spec), repr(spec), 1))
+            problem = problem.replace(repr(self.spec), repr(spec), 1)
+            if "importing" in problem:  # perhaps of a variable the worker does not see
+                problem += " (the isolated worker sees few environment variables; "
+                problem += "rl.reward.env_passthrough adds names)"
+            raise RewardFunctionError(problem)
 
     def __call__(self, prompt, completion, reference) -> Any:
         n = len(completion) if self.batched else 1
@@ -183,7 +207,7 @@ class IsolatedReward:
         try:
             return self.sandbox.call(
                 _call_in_worker, self.spec, self.kwargs, prompt, completion, reference,
-                timeout_s=deadline,
+                timeout_s=deadline, name=self.name,
             )  # fmt: skip
         except SandboxTimeout as err:
             raise RewardTimeout(str(err)) from err

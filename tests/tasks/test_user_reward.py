@@ -5,6 +5,7 @@ raised), and with `isolate` run in a worker process that imports the file itself
 the deadline. The command-line side (one line and exit 2 before any model is loaded, a real
 training run) is tests/cli/test_reward_function_cli.py."""
 
+import json
 import math
 import os
 import sys
@@ -115,7 +116,9 @@ def test_an_isolated_reward_past_its_deadline_is_killed_and_counted(tmp_path):
     reward = _reward(f"{path}:hangs", isolate=True, timeout_s=1.0)
     try:
         assert reward("p", "hang", "r").score == 0.0
-        assert reward.stats.timeouts == 1 and "took over 1.0 s" in reward.stats.last_error
+        # Said of the user's function, not of sparrow's internal _call_in_worker.
+        assert reward.stats.last_error == f"{path}:hangs: hangs took over 1.0 s"
+        assert reward.stats.timeouts == 1
         assert reward("p", "fine", "r").score == 1.0  # a fresh worker imported the file again
     finally:
         reward.close()
@@ -138,3 +141,44 @@ def test_an_isolated_reward_that_cannot_be_imported_is_refused_in_one_line(tmp_p
     line = str(caught.value)
     assert "\n" not in line
     assert "raised ModuleNotFoundError: No module named 'no_such_package_for_sparrow'" in line
+
+
+_ROOM_FILE = """
+import json, os
+
+def room(prompt, completion, reference, out):
+    print("a print in the reward")
+    with open(out, "w") as f:
+        json.dump({"env": dict(os.environ), "cwd": os.getcwd()}, f)
+    return 1.0
+"""
+
+
+def test_an_isolated_reward_runs_in_a_clean_room(tmp_path, monkeypatch, capfd):
+    """The worker sees no secret of the trainer's environment (only the allow-list and the
+    names passed through), works in a temporary directory of its own that is removed after,
+    and prints to stderr: the trainer's stdout (step lines, sparrow-eval --json) stays clean.
+    A relative reward path is taken from the trainer's directory, not the worker's."""
+    for name, value in [("WANDB_API_KEY", "w-secret"), ("MY_TOKEN", "t-secret")]:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("JUDGE_API_KEY", "passed on")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "room.py").write_text(_ROOM_FILE)
+    out = tmp_path / "room.json"
+    reward = _reward(
+        "room.py:room", isolate=True, kwargs={"out": str(out)}, env_passthrough=["JUDGE_API_KEY"]
+    )
+    try:
+        assert reward("p", "c", "r").score == 1.0, reward.stats.last_error
+        worker_dir = Path(json.loads(out.read_text())["cwd"])
+        assert worker_dir.is_dir() and worker_dir != tmp_path
+    finally:
+        reward.close()
+    env = json.loads(out.read_text())["env"]
+    assert "WANDB_API_KEY" not in env and "MY_TOKEN" not in env
+    assert (env["JUDGE_API_KEY"], env["LC_ALL"]) == ("passed on", "C.UTF-8")
+    assert env["PATH"] == os.environ["PATH"]
+    assert not worker_dir.exists()  # removed with the worker
+    printed = capfd.readouterr()
+    assert "a print in the reward" in printed.err and "a print" not in printed.out
