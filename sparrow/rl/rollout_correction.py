@@ -14,27 +14,36 @@ one pure function per mode, chosen once by `make_correction`:
 - `seq_tis`: w = min(e^S, cap) on every token of a sequence, S = the sum of d over its completion
   tokens (the product of its ratios). Equal to verl 0.9.1 `rollout_is="sequence"`, SkyRL 0.3.0
   `tis_ratio_type="sequence"`, TRL 1.16 `sequence_truncate`.
-- `seq_mask` (geometric rejection): a sequence whose geometric-mean ratio e^(S/n) (n completion
-  tokens) is outside [lo, hi] is rejected: its tokens leave the loss mask, so they count neither
-  in the step's token count (the token_mean denominator), nor among its sequences (as overlong-
-  masked rows; verl's seq-mean modes divide by the mini-batch's rows, rejected ones included),
-  nor in the KL term; kept sequences get w = 1. Equal to verl 0.9.1 `rollout_rs="seq_mean_k1"`
-  (symmetric bounds), whose rejection edits the response mask the whole update reads
-  (rollout_corr_helper.compute_rollout_correction_and_add_to_batch), and SkyRL 0.3.0
-  `sequence_mask_metric="geometric"`. The step's counts are taken before the update, so the
-  caller removes the rejected tokens first (`make_rejection`; train/policy_update.py).
+- `seq_mask` (geometric rejection): a sequence whose geometric-mean ratio e^m is outside
+  [lo, hi] is rejected, m the mean of d over its completion tokens, each d clamped first (below):
+  its tokens leave the loss mask, so they count neither in the step's token count (the
+  token_mean denominator), nor among its sequences (as overlong-masked rows; verl's seq-mean
+  modes divide by the mini-batch's rows, rejected ones included), nor in the KL term; kept
+  sequences get w = 1. Equal to verl 0.9.1 `rollout_rs="seq_mean_k1"`, whose rejection edits the
+  response mask the whole update reads (rollout_corr_helper.compute_rollout_correction_and_add_
+  to_batch); verl bounds its k1 statistic -m, so sparrow's [lo, hi] is verl's threshold
+  "1/hi_1/lo" (the same band when lo = 1/hi). Equal to SkyRL 0.3.0
+  `sequence_mask_metric="geometric"` except on rows holding a token with |d| > MAX_LOG_RATIO
+  (SkyRL clamps after the mean). The step's counts are taken before the update, so the caller
+  removes the rejected tokens first (`make_rejection`; train/policy_update.py).
 - `none`: w = 1.
 
 Peers that differ (so sparrow's mode is not theirs): OpenRLHF's `seq` mask keeps each surviving
 token's e^d as its weight; TRL's `sequence_mask` masks the product e^S, not the geometric mean,
-and weights survivors by e^S. Per-token log-ratios are clamped to +-MAX_LOG_RATIO before exp (as
-verl does), sequence sums after summing (verl, SkyRL); TRL clamps neither, so below e^-20 it keeps
-e^d where sparrow, verl and SkyRL keep e^-20.
+and weights survivors by e^S. Per-token log-ratios are clamped to +-MAX_LOG_RATIO before exp and
+before seq_mask's mean (as verl does, its SAFETY_BOUND), seq_tis's sums after summing (verl,
+SkyRL); TRL clamps neither, so below e^-20 it keeps e^d where sparrow, verl and SkyRL keep e^-20.
+SkyRL's geometric mask clamps the mean, not the tokens: a token of d = 25 counts as 25 there and
+as 20 in verl and sparrow, so SkyRL rejects some rows the other two keep. Sparrow follows verl,
+whose mode this is, and reads every per-token log-ratio clamped alike; the price is that one
+runaway token (even d = -inf) weighs at most MAX_LOG_RATIO / n in the row's mean, so a long row
+whose other tokens lean the other way is kept.
 
 The weight changes the measure, not the objective: it is computed without gradient, so the
 gradient flows through the current log-probs alone (verl's rollout_corr_math.md §3.2.2).
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -139,20 +148,22 @@ def sequence_mask(
     old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, lo: float, hi: float
 ):
     """Geometric sequence rejection: a row is rejected (w = 0 and out of the loss mask on all its
-    tokens) when its geometric-mean ratio e^(S/n) is outside [lo, hi], n its completion tokens;
-    kept rows get w = 1. A row the mask already cut has no token left to reject, so applying the
-    rejection twice (to the step's mask, then per micro-batch) rejects nothing more.
+    tokens) when its geometric-mean ratio e^m is outside [lo, hi], m the mean of its completion
+    tokens' log-ratios, each clamped to +-MAX_LOG_RATIO first (verl's seq_mean_k1; compared in
+    log space, as verl does); kept rows get w = 1. A row the mask already cut has no token left
+    to reject, so applying the rejection twice (to the step's mask, then per micro-batch)
+    rejects nothing more.
 
     Args:
         old_logprobs, rollout_logprobs: (B, T). mask: (B, T) bool, completion tokens.
     Returns:
         Correction; masked and rejected on every token of a rejected row.
     """
-    log_s = _sequence_log_ratio(old_logprobs, rollout_logprobs, mask)  # (B, 1)
+    d = torch.where(mask, _token_log_ratio(old_logprobs, rollout_logprobs), 0.0)  # (B, T)
     num_tokens = mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
-    log_geo = (log_s / num_tokens).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, 1)
-    geo = torch.exp(log_geo)  # (B, 1)
-    keep = ((geo >= lo) & (geo <= hi)).expand_as(mask)  # (B, T)
+    log_geo = d.sum(-1, keepdim=True) / num_tokens  # (B, 1), within +-MAX_LOG_RATIO
+    log_lo = math.log(lo) if lo > 0 else -math.inf
+    keep = ((log_geo >= log_lo) & (log_geo <= math.log(hi))).expand_as(mask)  # (B, T)
     return Correction(keep.to(old_logprobs.dtype), _nothing(mask), ~keep, ~keep)
 
 

@@ -58,7 +58,7 @@ def _hand_weights(mode: str) -> list[list[float]]:
     for d in D_ROWS:
         ratios = [_clamped_exp(x) for x in d]
         seq = _clamped_exp(sum(d))
-        geo = _clamped_exp(sum(d) / len(d))
+        geo = math.exp(sum(min(max(x, -20.0), 20.0) for x in d) / len(d))  # each d clamped first
         rows.append(
             {
                 "tis": [min(r, CAP) for r in ratios],
@@ -75,7 +75,7 @@ def _hand_weights(mode: str) -> list[list[float]]:
 #   tis:        [2, .25, 1, 1.5] [2, e^-.1] [e^-20, e^.2, e^.1] [.9]   truncated: 2 of 10 tokens
 #   token_mask: [3, 0, 1, 1.5]   [0, e^-.1] [0, e^.2, e^.1]     [.9]   masked: 3 of 10
 #   seq_tis:    1.125 x4         2 x2 (e^24.9)  e^-20 x3          .9   truncated: 2 of 10
-#   seq_mask:   1 x4 (geo 1.03)  0 x2 (e^12.45) 0 x3 (e^-9.9)     1    masked: 5 of 10
+#   seq_mask:   1 x4 (geo 1.03)  0 x2 (e^9.95)  0 x3 (e^-6.57)    1    masked: 5 of 10
 EXPECTED_FRACS = {
     "tis": (0.2, 0.0),
     "token_mask": (0.0, 0.3),
@@ -228,6 +228,31 @@ def test_seq_mask_equals_verl_geometric_rejection_and_skyrl_geometric_mask():
     assert torch.equal(tight_keep[mask], _verl_geo_rs_keep(old - rollout, mask, lo, hi)[mask])
     assert torch.equal(tight_keep[mask], _skyrl_geo_keep(old, rollout, mask, lo, hi)[mask])
     assert tight_keep[0, 0] and not tight_keep[3, 0] and keep[3, 0]
+
+
+def test_seq_mask_clamps_each_log_ratio_to_20_before_the_mean_as_verl_does():
+    """Rows holding a token with |d| > 20: verl's seq_mean_k1 clamps every token's log-ratio to
+    +-20 (SAFETY_BOUND) before taking the row's mean, and so does sparrow; SkyRL averages first,
+    so on rows 0 and 1 it rejects what verl and sparrow keep (band [0.5, 5]: log -0.69 to 1.61)."""
+    d_rows = [
+        [25.0, -4.0, -4.0, -4.0, -4.0],  # (20 - 16) / 5 = 0.8 kept; unclamped 1.8 (e^1.8 = 6.05)
+        [-30.0, 4.0, 4.0, 4.0, 4.0, 4.0],  # (-20 + 20) / 6 = 0 kept; unclamped -1.67 (e^ = 0.19)
+        [25.0, -0.1],  # (20 - 0.1) / 2 = 9.95: rejected either way
+    ]
+    width = max(map(len, d_rows))
+    mask = torch.tensor([[t < len(r) for t in range(width)] for r in d_rows])
+    d = torch.tensor([r + [0.0] * (width - len(r)) for r in d_rows], dtype=torch.float64)
+    old = torch.where(d < 0, d - 1.0, -1.0)  # realistic log-probs both ways: d = old - rollout
+    rollout = torch.where(mask, old - d, -50.0)  # padding garbage: a huge ratio if it leaked
+    c = _correction("seq_mask", old, rollout, mask)
+    assert _rows(c.weight, mask) == [[1.0] * 5, [1.0] * 6, [0.0] * 2]
+    assert _rows(c.rejected, mask) == [[False] * 5, [False] * 6, [True] * 2]
+    rejection = make_rejection(CorrectionConfig(mode="seq_mask", lo=LO, hi=HI))
+    assert torch.equal(rejection(old, rollout, mask), c.rejected & mask)  # the update's path
+    verl = _verl_geo_rs_keep(old - rollout, mask, 1 / HI, 1 / LO)
+    assert torch.equal(c.weight.bool()[mask], verl[mask])
+    skyrl = _skyrl_geo_keep(old, rollout, mask, LO, HI)
+    assert skyrl[:, 0].tolist() == [False, False, False]
 
 
 # ---- through the loss -------------------------------------------------------------------------
