@@ -424,12 +424,28 @@ def _init_distributed(backend: str, timeout_min: float) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    _leave_shm_comm_unbuilt()
     deepspeed.init_distributed(
         dist_backend=backend,
         auto_mpi_discovery=False,
         verbose=False,
         timeout=timedelta(minutes=timeout_min),
     )
+
+
+def _leave_shm_comm_unbuilt() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-building its shared-memory all-reduce op.
+
+    On the CPU accelerator every `init_distributed` compiles (or re-checks) `deepspeed_shm_comm`
+    under torch's extension lock file, `$TORCH_EXTENSIONS_DIR/deepspeed_shm_comm/lock`. A start-up
+    killed while holding it leaves the file, and torch then polls for it forever, printing
+    nothing: every later start-up hung silently. The op serves only DeepSpeed's
+    `inference_all_reduce` (AutoTP inference), which sparrow never calls; marked incompatible, it
+    is not built and every collective here stays torch.distributed's, as before. It also saves
+    the ~1 min compile of a first start-up. Other accelerators have no such op (None)."""
+    builder = deepspeed.get_accelerator().get_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def _free_port() -> int:
