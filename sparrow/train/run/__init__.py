@@ -3,6 +3,7 @@
 state.py             RunState: what a checkpoint holds besides the actor; save and resume
 checkpoint.py        atomic, verified checkpoints; keep-last-N; resume lookup
 stored_config.py     the run dir's stored config and the resume-mismatch check
+host.py              host.json: the CPU and libraries whose kernels a run's float results depend on
 history.py           metrics.jsonl made durable row by row, cut back to the resumed step
 lock.py              one live run per run dir (flock on run.lock)
 seeds.py             every random stream derived from the one `seed`

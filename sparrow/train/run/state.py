@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sparrow.train.run.checkpoint import CheckpointManager
+from sparrow.train.run.host import record_host
 from sparrow.train.run.stored_config import ResumeMismatch, check_resume, save_run_config
 
 
@@ -74,7 +75,8 @@ class RunState:
 
     def resume(self) -> bool:
         """Resume from a checkpoint (resume=auto: the newest complete one) after checking that
-        the run dir's stored config matches; cut the run history back to the resumed step.
+        the run dir's stored config matches; cut the run history back to the resumed step; note
+        the launch's host in host.json.
         True when a checkpoint was loaded (the engine then needs the loaded weights)."""
         config = asdict(self.cfg)
         # Rank 0 picks and checks the checkpoint for all: a rank on another node could see an
@@ -85,6 +87,7 @@ class RunState:
         self.logger.resume_at(self.step if path is not None else -1, row)
         if self.ranks.rank == 0:
             save_run_config(self.run_dir, config)
+            record_host(self.run_dir, self.step if path is not None else 0)
         return path is not None
 
     def _checkpoint_to_resume(self, config: dict) -> Path | None:
