@@ -1,7 +1,7 @@
 """sparrow-eval (issue 50): a saved policy scored without training. A tiny one-step run made here
 (preset=tiny, with k=2 evaluation samples) exports the policy; sparrow-eval then reproduces the
-run's last greedy evaluation from its run dir, prints pass@j and mean@k beside it, scores a file,
-and stops on bad input with one line and exit 2."""
+run's last greedy evaluation from its run dir, prints pass@j and mean@k beside it, samples them
+from the stream --seed names, scores a file, and stops on bad input with one line and exit 2."""
 
 import json
 import logging
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparrow.cli.eval_policy import main
+from sparrow.rollout.engine import LLMEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
@@ -75,6 +76,29 @@ def test_eval_prints_pass_at_j_and_mean_at_k_with_their_cis(tiny_run, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["accuracy", "mean@2", "pass@2"]
     assert all(re.fullmatch(r"\S+ [\d.]+ \(95% CI [\d.]+-[\d.]+, n=8\)", line) for line in lines)
+
+
+def test_seed_chooses_the_sampled_completions(tiny_run, capsys, monkeypatch):
+    """--seed S is the k samples' stream: two seeds draw different completions, the same seed
+    the same ones (read from the engine's generate, which the metrics alone may not tell)."""
+    run_dir, _ = tiny_run
+    sampled: list[list[tuple[int, ...]]] = []
+    real_generate = LLMEngine.generate
+
+    def recording(self, prompt_ids, params, n=1, **kwargs):
+        outputs = real_generate(self, prompt_ids, params, n=n, **kwargs)
+        if n > 1:  # the k-sample pass, not greedy accuracy's
+            sampled.append([tuple(o.token_ids) for o in outputs])
+        return outputs
+
+    monkeypatch.setattr(LLMEngine, "generate", recording)
+    for seed in (1, 2, 1):
+        argv = [str(run_dir), "--samples", "4", "--temperature", "1.0", "--limit", "4"]
+        assert main([*argv, "--seed", str(seed), "--json"]) == 0
+    capsys.readouterr()
+    first, other, again = sampled
+    assert len(first) == 16 and first == again
+    assert first != other, "--seed 1 and --seed 2 drew the same completions"
 
 
 def test_eval_scores_every_row_of_a_file(tiny_run, tmp_path, capsys):
