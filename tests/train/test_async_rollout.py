@@ -5,7 +5,9 @@ and two runs give the same metrics and weights (the producer's thread shares no 
 
 The monitor's rule is tested where it matters: a rollout that is stale but DENSE (schedule=dense,
 so the sparse policy IS the dense one) must measure acceptance 1, not the update's drift; the
-naive path, the trainer's newer dense policy against those rows, measures the drift (< 1)."""
+naive path, the trainer's newer dense policy against those rows, measures the drift (< 1). And
+under a sparse schedule the asynchronous monitor's first step reads, bin by bin, the acceptance
+the synchronous run measures (its dense side really dense, not the sparse policy against itself)."""
 
 import json
 import math
@@ -72,6 +74,37 @@ def test_stale_dense_rollout_measures_acceptance_one_not_the_drift(tmp_path, mon
     drift = naive[0]  # the stale rows against the updated policy: the update's drift
     assert float(torch.quantile(drift, 0.05)) < 0.99  # measured 0.80 (same weights: 0.9999998)
     assert float(drift.mean()) < 0.99
+
+
+def _first_step(run_dir, *extra: str) -> dict:
+    """Step 1's metrics of a one-step run of OVERRIDES' sparse schedule (schedule.mode=fixed,
+    the default mode: the tiny preset's default budgets would hold every page of these short
+    rows, so its 3 pages of 4 tokens decode sparsely instead)."""
+    cfg = load_config([*OVERRIDES, "rl.steps=1", *extra, f"run_dir={run_dir}"])
+    trainer = GRPOTrainer.from_config(cfg, make_actor=FakeActor)
+    trainer.draw.reward = GuardedReward(_parity, "parity")
+    trainer.fit()
+    (row,) = _rows(run_dir)
+    return row
+
+
+def test_async_acceptance_under_a_sparse_schedule_equals_the_synchronous_runs(tmp_path):
+    """The asynchronous monitor scores its rows' dense side on the engine, densely, with the
+    weights that sampled them; at step 1 those are the synchronous run's weights and rows, so
+    every bin reads the acceptance the synchronous run's actor pass measures (measured: equal to
+    1.5e-7). A dense side scored under the sparse schedule would read exactly 1."""
+    sync = _first_step(tmp_path / "sync")
+    stale = _first_step(tmp_path / "async", "rl.async.staleness=1")
+    assert stale["async/staleness"] == 0.0  # step 1: drawn on the initial weights
+    per_bin = [k for k in sync if k.startswith("accept/") and "/bin" in k]
+    assert {k.split("/")[-1] for k in per_bin} == {"bin0", "bin1"}, per_bin
+    assert all(sync[k] == stale[k] for k in per_bin if k.startswith("accept/count/"))
+    for key in per_bin:
+        assert stale[key] == pytest.approx(sync[key], abs=1e-5), (key, stale[key], sync[key])
+    # Sparse is not dense here: a monitor comparing the sparse policy with itself would not
+    # tell the two runs apart.
+    for run in (sync, stale):
+        assert run["accept/p5_min"] < 0.999 and run["accept/mean"] < 0.999, run["accept/mean"]
 
 
 def test_two_async_runs_are_the_same_run(tmp_path):
