@@ -1,5 +1,6 @@
 """sparrow/cluster.py without a process group: how objects cross a Link (torch.save; a CUDA
-tensor lands on the receiver's own device, a CPU one stays on the CPU), and how the push's
+tensor lands on the receiver's own device, on a CPU-only receiver its CPU, a CPU one stays on the
+CPU), and how the push's
 backend is chosen and agreed (NCCL only when every rank has a GPU of its own, told by its
 UUID). The links themselves run in tests/train/rollouts/test_remote_rollouts.py and
 tests/rl/test_weight_push.py (gloo), and on GPUs in tests/test_cluster_gpu.py."""
@@ -28,6 +29,21 @@ def test_an_object_with_tensors_crosses_whole_and_stays_on_the_cpu():
     assert torch.equal(got.rows, torch.tensor([[4.0, 5.0], [6.0, 7.0]]))
     assert torch.equal(got.extra["ids"], torch.tensor([7, 9]))
     assert got.rows.device.type == "cpu"
+
+
+def test_a_cuda_tensor_sent_to_a_cpu_only_rank_lands_on_its_cpu(monkeypatch):
+    """The receiver is this process (land: the CPU); the sender's storages are tagged as torch.save
+    tags a GPU rank's, so the bytes are what a CUDA tensor's are, with or without a GPU here."""
+    base = torch.arange(12, dtype=torch.float32)
+    sent = {"rows": base[4:8].view(2, 2), "ids": torch.tensor([7, 9])}
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:1")
+        data = dumps(sent)
+    assert b"cuda:1" in data  # the bytes name the sender's GPU
+    got = loads(data, torch.device("cpu"))
+    assert got["rows"].device == torch.device("cpu") and got["ids"].device == torch.device("cpu")
+    assert torch.equal(got["rows"], torch.tensor([[4.0, 5.0], [6.0, 7.0]]))
+    assert torch.equal(got["ids"], torch.tensor([7, 9]))
 
 
 class Storage:
