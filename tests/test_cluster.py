@@ -1,8 +1,7 @@
 """sparrow/cluster.py without a process group: how objects cross a Link (torch.save; a CUDA
 tensor lands on the receiver's own device, on a CPU-only receiver its CPU, a CPU one stays on the
-CPU), and how the push's
-backend is chosen and agreed (NCCL only when every rank has a GPU of its own, told by its
-UUID). The links themselves run in tests/train/rollouts/test_remote_rollouts.py and
+CPU), and how the push's backend is chosen and agreed (NCCL only when every rank has a GPU of its
+own, told by its UUID). The links themselves run in tests/train/rollouts/test_remote_rollouts.py and
 tests/rl/test_weight_push.py (gloo), and on GPUs in tests/test_cluster_gpu.py."""
 
 from dataclasses import dataclass
