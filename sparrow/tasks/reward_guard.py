@@ -7,17 +7,29 @@ list`, as TRL and verl allow) is guarded per call: a call that fails or returns 
 wrong length scores its whole batch 0 and counts every completion of it; a non-finite item
 counts alone. `score_batch` scores a whole rollout and returns the scores as a tensor with the
 step's counts.
+
+A reward called in this process cannot be killed at its deadline: its thread is abandoned. At
+the deadline the guard raises an exception inside that thread, which ends a reward spinning in
+Python code (`while True`); one stuck in C code runs on, and each abandoned spinning thread took
+its share of the GIL (a 10-second run took 7 minutes). So the first overrun is also the last in
+this process: a user's function (`rl.reward.function`) goes on in an isolated worker that is
+killed at the deadline, as with `rl.reward.isolate=true`, and any other reward is not called
+again (each completion scores 0, counted as a timeout); one warning says which.
 """
 
+import ctypes
+import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from sparrow.tasks.reward_result import RewardFn, RewardResult, RewardTimeout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,18 +60,30 @@ class GuardedReward:
     The deadline is `timeout_s` per completion (a batched call gets `timeout_s` times its batch
     size). Rewards that enforce their own deadline (`enforces_timeout = True`: the math verifier,
     an isolated user reward) are called directly; others run in a daemon thread that is abandoned
-    at the deadline. A thread cannot be killed, and one stuck inside a C call that holds the GIL
+    at the deadline, once (see the module docstring: `isolated` is where they go on, if
+    anywhere). A thread cannot be killed, and one stuck inside a C call that holds the GIL
     stalls the caller too, which is why those two use a killable worker process instead.
+    `SystemExit` from a reward is an error of that call, never the trainer's exit.
     """
 
     def __init__(
-        self, fn: RewardFn, name: str, timeout_s: float | None = 5.0, batched: bool = False
+        self,
+        fn: RewardFn,
+        name: str,
+        timeout_s: float | None = 5.0,
+        batched: bool = False,
+        isolated: Callable[[], RewardFn] | None = None,
     ):
         self.fn = fn
         self.name = name
         self.timeout_s = None if getattr(fn, "enforces_timeout", False) else timeout_s
         self.batched = batched  # fn takes lists and returns one score per completion
+        # After an overrun in this process: builds the same reward in a killable worker (an
+        # `enforces_timeout` one), or None when there is no such form.
+        self.isolated = isolated
+        self.refused: str | None = None  # why the reward is no longer called, once it is not
         self.stats = RewardStats()  # totals over the guard's lifetime
+        self._switch = threading.Lock()  # the rollout thread and an evaluation may both overrun
 
     def __call__(self, prompt: str, completion: str, reference: str) -> RewardResult:
         return self.score(prompt, completion, reference, self.stats)
@@ -100,7 +124,7 @@ class GuardedReward:
             stats.timeouts += n
             stats.last_error = f"{self.name}: {e}"
             return [RewardResult(0.0, {"timeout": 1.0}) for _ in range(n)]
-        except Exception as e:  # any failure of user code scores 0; the count shows it
+        except (Exception, SystemExit) as e:  # a failure of user code scores 0; counted
             return [self._failed(stats, e) for _ in range(n)]
         results = []
         for item in values:
@@ -110,35 +134,103 @@ class GuardedReward:
                 results.append(self._failed(stats, e))
         return results
 
-    def _failed(self, stats: RewardStats, error: Exception) -> RewardResult:
+    def _failed(self, stats: RewardStats, error: BaseException) -> RewardResult:
         stats.errors += 1
-        stats.last_error = f"{self.name}: {type(error).__name__}: {error}"
+        what = f"{type(error).__name__}: {error}"
+        if isinstance(error, SystemExit):  # not the trainer's exit, and no timeout either
+            what = f"SystemExit: the reward called sys.exit({error.code!r})"
+        stats.last_error = f"{self.name}: {what}"
         return RewardResult(0.0, {"error": 1.0})
 
     def _call(self, timeout_s: float | None, args: tuple) -> Any:
+        if self.refused is not None:
+            raise RewardTimeout(self.refused)
         if timeout_s is None:
             return self.fn(*args)
-        outcome: list = []
-
-        def target() -> None:
-            try:
-                outcome.append(("ok", self.fn(*args)))
-            except Exception as e:
-                outcome.append(("error", e))
-
-        worker = threading.Thread(target=target, daemon=True, name=f"reward-{self.name}")
-        worker.start()
-        worker.join(timeout_s)
-        if not outcome:
+        fn = self.fn
+        done, value = _call_in_thread(fn, args, timeout_s, f"reward-{self.name}")
+        if not done:
+            self._overran(fn, timeout_s)
             raise RewardTimeout(f"took over {timeout_s} s")
-        status, value = outcome[0]
-        if status == "error":
-            raise value
         return value
+
+    def _overran(self, fn: RewardFn, timeout_s: float) -> None:
+        """The first overrun in this process: go on in a worker, or stop calling the reward."""
+        with self._switch:
+            if self.fn is not fn or self.refused is not None:  # another thread got here first
+                return
+            if getattr(fn, "enforces_timeout", False):  # already the worker (a racing caller)
+                return
+            advice = (
+                "rl.reward.function=FILE:FN with rl.reward.isolate=true kills it at the deadline"
+            )
+            try:
+                if self.isolated is None:
+                    raise RuntimeError("it has no worker-process form")
+                self.fn, self.timeout_s = self.isolated(), None
+            except Exception as e:
+                self.refused = (
+                    f"not called again: it overran {timeout_s} s in this process ({advice})"
+                )
+                log.warning(
+                    "reward %r overran its %s s deadline in this process and cannot go on in a "
+                    "worker (%s): it is not called again, each completion scores 0 (%s)",
+                    self.name, timeout_s, " ".join(str(e).split()), advice,
+                )  # fmt: skip
+                return
+            log.warning(
+                "reward %r overran its %s s deadline in this process, where it cannot be "
+                "killed: it now runs in a worker process killed at the deadline, as with "
+                "rl.reward.isolate=true (set it to start that way)",
+                self.name, timeout_s,
+            )  # fmt: skip
 
     def close(self) -> None:
         if hasattr(self.fn, "close"):
             self.fn.close()
+
+
+class _Abandoned(BaseException):
+    """Raised inside an abandoned reward thread, so that a spin in Python code ends there."""
+
+
+def _call_in_thread(fn: Callable, args: tuple, timeout_s: float, name: str) -> tuple[bool, Any]:
+    """(True, fn(*args)) if it returns within `timeout_s` (its exception is raised here),
+    else (False, None) with `_Abandoned` raised in the thread at its next Python bytecode."""
+    lock = threading.Lock()
+    state = {"running": True}
+    outcome: list = []
+
+    def target() -> None:
+        try:
+            try:
+                result = ("ok", fn(*args))
+            except (Exception, SystemExit) as e:  # handed to the caller's thread
+                result = ("error", e)
+            with lock:
+                state["running"] = False
+                outcome.append(result)
+            _breaker()  # an _Abandoned sent just as fn returned is raised here, inside the try
+        except _Abandoned:
+            pass
+
+    thread = threading.Thread(target=target, daemon=True, name=name)
+    thread.start()
+    thread.join(timeout_s)
+    with lock:
+        if state["running"]:  # past the deadline: stop it if it is running Python code
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(_Abandoned)
+            )
+            return False, None
+    status, value = outcome[0]
+    if status == "error":
+        raise value
+    return True, value
+
+
+def _breaker() -> None:
+    """A Python call: the interpreter checks for a pending asynchronous exception on entry."""
 
 
 def _as_result(value: Any) -> RewardResult:

@@ -14,12 +14,13 @@ sparrow.
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 from sparrow.tasks.chain import chain_reward
 from sparrow.tasks.reward_guard import BatchScores, GuardedReward, RewardStats, score_batch
 from sparrow.tasks.reward_result import RewardFn, RewardResult
-from sparrow.tasks.user_reward import build_user_reward
+from sparrow.tasks.user_reward import build_user_reward, resolved_spec
 
 __all__ = [
     "REWARDS",
@@ -111,10 +112,17 @@ def register_reward(name: str, factory: Callable[[RewardConfig], RewardFn]) -> N
 def build_reward(cfg: RewardConfig) -> GuardedReward:
     """The guarded reward: the user's `cfg.function` when set, else the one named by `cfg.name`."""
     if cfg.function:
-        fn = build_user_reward(
-            cfg.function, cfg.kwargs, cfg.batched, cfg.isolate, cfg.timeout_s, cfg.env_passthrough
-        )
-        return GuardedReward(fn, cfg.function, timeout_s=cfg.timeout_s, batched=cfg.batched)
+
+        def user(spec: str, isolate: bool) -> RewardFn:
+            return build_user_reward(
+                spec, cfg.kwargs, cfg.batched, isolate, cfg.timeout_s, cfg.env_passthrough
+            )
+
+        # Where an in-process function goes once it overruns its deadline (reward_guard.py);
+        # its path is resolved now, from the directory the run started in.
+        isolated = None if cfg.isolate else partial(user, resolved_spec(cfg.function), True)
+        fn = user(cfg.function, cfg.isolate)
+        return GuardedReward(fn, cfg.function, cfg.timeout_s, cfg.batched, isolated)
     if cfg.name not in REWARDS:
         raise ValueError(f"unknown reward {cfg.name!r}; registered: {sorted(REWARDS)}")
     return GuardedReward(REWARDS[cfg.name](cfg), cfg.name, timeout_s=cfg.timeout_s)

@@ -163,6 +163,15 @@ def check_user_reward(
         load_reward_function(spec, kwargs, batched)
 
 
+def resolved_spec(spec: str) -> str:
+    """`spec` with a file path made absolute from the current directory: the isolated worker
+    runs in a directory of its own, and a worker started later must find the same file."""
+    source, colon, name = spec.rpartition(":")
+    if source.endswith(".py") or "/" in source:
+        source = str(Path(source).expanduser().resolve())
+    return f"{source}{colon}{name}"
+
+
 class IsolatedReward:
     """The user's reward called in a Sandbox worker, which imports its file and checks it."""
 
@@ -176,11 +185,8 @@ class IsolatedReward:
         timeout_s: float | None,
         env_passthrough: Sequence[str] = (),
     ):
-        source, colon, name = spec.rpartition(":")
-        if source.endswith(".py") or "/" in source:  # the worker runs in a directory of its own
-            source = str(Path(source).expanduser().resolve())
-        self.spec, self.kwargs, self.batched = f"{source}{colon}{name}", dict(kwargs), batched
-        self.name = name  # what a timeout or a dead worker is said of
+        self.spec, self.kwargs, self.batched = resolved_spec(spec), dict(kwargs), batched
+        self.name = spec.rpartition(":")[2]  # what a timeout or a dead worker is said of
         self.timeout_s = timeout_s  # per completion; a batched call gets it times its size
         # Each fresh worker (the first, and each after a kill) imports the file before its
         # first call, so the import is charged to no call's deadline.

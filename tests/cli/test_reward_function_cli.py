@@ -4,6 +4,7 @@ that cannot be used (no file, no function, not callable, a signature that does n
 call, an import that raises) is one line on stderr and exit 2 before any model is loaded."""
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -124,3 +125,37 @@ def test_a_relative_path_is_said_to_be_taken_from_the_current_directory(
         f"no such file {tmp_path}/my_reward.py (a relative path is taken from the current "
         f"directory, {tmp_path})"
     ), line
+
+
+_SPINS_ONCE = """
+import os
+from pathlib import Path
+
+
+def score(prompt, completion, reference, marker):
+    if not Path(marker).exists():  # the run's first call spins, in this process
+        Path(marker).write_text(str(os.getpid()))
+        while True:
+            pass
+    with open(marker + ".calls", "a") as calls:
+        calls.write(f"{os.getpid()}\\n")
+    return 1.0
+"""
+
+
+def test_an_in_process_reward_that_spins_goes_on_in_a_worker(tmp_path, capsys, caplog):
+    """Issue 61 item 3 through a real step: the spinning call costs its deadline once, with one
+    warning naming rl.reward.isolate=true, and the step's other 15 completions are scored in a
+    worker process (each spinning thread used to stay, and 2 steps took 7 minutes)."""
+    (tmp_path / "spins.py").write_text(_SPINS_ONCE)
+    marker = tmp_path / "spun"
+    argv = ["preset=tiny", "rl.steps=1", "rl.eval.every=0", f"run_dir={tmp_path}/run"]
+    argv += [f"rl.reward.function={tmp_path}/spins.py:score", "rl.reward.timeout_s=1"]
+    assert main([*argv, f"+rl.reward.kwargs.marker={marker}"]) == 0, capsys.readouterr().err
+    pids = (tmp_path / "spun.calls").read_text().split()
+    assert marker.read_text() == str(os.getpid()) and len(pids) == 15
+    assert str(os.getpid()) not in pids  # scored in the worker
+    step = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert " reward_errors 1/16 " in step[0], step
+    said = [r.getMessage() for r in caplog.records if "overran" in r.getMessage()]
+    assert len(said) == 1 and "rl.reward.isolate=true" in said[0], said
