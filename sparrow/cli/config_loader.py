@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from sparrow.cli.errors import UserError
 from sparrow.cli.moved_keys import moved_key_error, without_moved_keys
 from sparrow.train.config import SparrowConfig
+from sparrow.train.run.stored_config import PATH_KEYS, absolute_path
 
 
 class ConfigError(UserError):
@@ -78,13 +79,25 @@ def python_key(override: str) -> str:
 
 
 def load_config(overrides: list[str]) -> SparrowConfig:
+    """The composed, validated config, its local paths (PATH_KEYS) made absolute as the run dir
+    stores them."""
     cfg = compose_dict(overrides)
     try:  # a structured SparrowConfig tree: to_object builds its dataclass
-        return cast(SparrowConfig, OmegaConf.to_object(cfg))
+        return _absolute_paths(cast(SparrowConfig, OmegaConf.to_object(cfg)))
     except OmegaConfBaseException as err:  # e.g. a mandatory value (???) left unset
         raise ConfigError(_one_line(err)) from err
     except ValueError as err:  # a config dataclass's __post_init__ rejected a value
         raise ConfigError(str(err)) from err
+
+
+def _absolute_paths(cfg: SparrowConfig) -> SparrowConfig:
+    for key in PATH_KEYS:
+        *parents, name = key.split(".")
+        owner = cfg
+        for parent in parents:
+            owner = getattr(owner, parent)
+        setattr(owner, name, absolute_path(key, getattr(owner, name)))
+    return cfg
 
 
 def load_stored_config(path: Path) -> SparrowConfig:

@@ -23,6 +23,7 @@ import torch
 
 from sparrow.cli.config_loader import load_stored_config
 from sparrow.cli.errors import ArgumentParser, UserError, at_least, one_line, run_main
+from sparrow.distributed import Ranks
 from sparrow.malloc import tune_cpu_allocator
 from sparrow.models.loading import load_model
 from sparrow.rollout.engine import LLMEngine
@@ -32,6 +33,7 @@ from sparrow.train.config import SparrowConfig
 from sparrow.train.evaluation import eval_sampling, evaluate
 from sparrow.train.memory.context_budget import context_room
 from sparrow.train.run.stored_config import FILE_NAME
+from sparrow.train.step_report import RewardFailures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +46,15 @@ def _main(argv: list[str] | None) -> int:
     cfg = _config(args, policy, stored)
     torch.manual_seed(cfg.seed)
     tune_cpu_allocator()
-    reward = build_reward(cfg.rl.reward)  # a bad reward stops before the model loads
-    lm = load_model(cfg.model)
+    try:  # a bad reward stops before the model loads
+        reward = build_reward(cfg.rl.reward)
+    except KeyError as err:
+        raise UserError(one_line(err)) from err
+    try:
+        lm = load_model(cfg.model)
+    except ValueError as err:  # ModelUnreadable: the policy's weights missing or damaged
+        again = " (running the run's sparrow-train command again exports it anew)" if stored else ""
+        raise UserError(one_line(err) + again) from err
     if torch.cuda.is_available():
         # transformers wraps PreTrainedModel.to with functools.wraps, whose stub binds no self.
         lm.model.to("cuda")  # type: ignore[arg-type]
@@ -58,8 +67,11 @@ def _main(argv: list[str] | None) -> int:
         raise UserError(one_line(err)) from err  # it names the file, row or column
     ecfg = cfg.rl.eval
     prompts = data.prompts[: ecfg.num_prompts] if ecfg.num_prompts else data.prompts
+    try:
+        engine = LLMEngine(lm.model, lm.tokenizer, cfg.rollout.engine)
+    except ValueError as err:  # a model family or window the engine does not run
+        raise UserError(f"{policy}: {one_line(err)}") from err
     print(f"sparrow-eval: {policy} on {data.summary()}; scoring {len(prompts)}", file=sys.stderr)
-    engine = LLMEngine(lm.model, lm.tokenizer, cfg.rollout.engine)
     params, sample_params = eval_sampling(ecfg.temperature, ecfg.max_new_tokens, ecfg.samples)
     metrics, _ = evaluate(
         engine,
@@ -71,6 +83,7 @@ def _main(argv: list[str] | None) -> int:
         sample_params=sample_params,
     )
     metrics.pop("eval/samples")
+    RewardFailures(reward, Ranks(0, 1)).check_eval(metrics, "in this evaluation")
     if args.json:
         print(json.dumps({"policy": str(policy), "prompts": data.summary(), **metrics}))
     else:
@@ -86,7 +99,15 @@ def metric_lines(metrics: dict) -> list[str]:
         f"{metrics[key + '_hi95']:.3f}, n={n})"
         for key, value in metrics.items()
         if key + "_lo95" in metrics
-    ]
+    ] + reward_failures_line(metrics)
+
+
+def reward_failures_line(metrics: dict) -> list[str]:
+    """The reward's failures, when it had any (each scored 0: a wrong answer to accuracy)."""
+    if "eval/reward_calls" not in metrics:
+        return []
+    failed = metrics["eval/reward_errors"] + metrics["eval/reward_timeouts"]
+    return [f"reward_errors {failed:.0f}/{metrics['eval/reward_calls']:.0f} (each scored 0)"]
 
 
 def _find_policy(path: Path) -> tuple[Path, Path | None]:

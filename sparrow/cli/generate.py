@@ -53,13 +53,13 @@ def _main(argv: list[str] | None) -> int:
     except OSError as err:
         model_not_found(err, "--model", args.model)
         raise
+    except ValueError as err:  # ModelUnreadable: a directory whose weights are damaged
+        raise UserError(one_line(err)) from err
     dataset = _load_dataset(args, lm.tokenizer)
     prompts = dataset.prompts[: args.limit] if args.limit else dataset.prompts
     longest = max(len(p.token_ids) for p in prompts)
     _check_positions(longest, args.max_tokens, lm.model.config)
     _check_pool(longest, args)
-    print(f"sparrow-generate: {dataset.summary()}; generating for {len(prompts)}", file=sys.stderr)
-
     engine_cfg = EngineConfig(
         page_size=args.page_size,
         num_pages=args.num_pages,
@@ -69,7 +69,12 @@ def _main(argv: list[str] | None) -> int:
         dtype=args.dtype,
         seed=args.seed,
     )
-    engine = LLMEngine(lm.model, lm.tokenizer, engine_cfg, schedule=_schedule(args))
+    schedule = _schedule(args)
+    try:
+        engine = LLMEngine(lm.model, lm.tokenizer, engine_cfg, schedule=schedule)
+    except ValueError as err:  # a model family or window the engine does not run
+        raise UserError(f"--model {args.model}: {one_line(err)}") from err
+    print(f"sparrow-generate: {dataset.summary()}; generating for {len(prompts)}", file=sys.stderr)
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,

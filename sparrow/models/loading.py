@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,10 @@ CHATML_TEMPLATE = (
 TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
+class ModelUnreadable(ValueError):
+    """A local model directory whose weights cannot be read; str() is one line naming it."""
+
+
 @dataclass
 class ModelConfig:
     name: str = SMOLLM2  # embedded name, a tiny one ("tiny-qwen3", ...), a hub id or a local dir
@@ -72,9 +77,20 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         return _load_tiny(TINY_FAMILIES[cfg.name], cfg.seed, dtype)
     path = str(smollm2_dir(cfg.cache_dir)) if cfg.name == SMOLLM2 else cfg.name
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, trust_remote_code=cfg.trust_remote_code
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=cfg.trust_remote_code
+        )
+    except (OSError, SafetensorError) as err:
+        # A directory with a config but missing or truncated weights (a copy cut short, a full
+        # disk): say so rather than "no such model" (a hub id's error) or safetensors' words.
+        if not (Path(path) / "config.json").is_file():
+            raise
+        why = " ".join(str(err).split())
+        raise ModelUnreadable(
+            f"{path}: the model's weights cannot be read ({why}); the directory is incomplete "
+            "or damaged: copy or export it again"
+        ) from err
     _ensure_pad_token(tokenizer)
     return LoadedModel(model.eval(), tokenizer)
 

@@ -5,8 +5,10 @@ stderr: no traceback, exactly one `prog: ...` line, last, naming what to change.
 those that used to end otherwise: a missing model in sparrow-generate (a hub id or a folder: 4
 chained tracebacks), non-UTF-8 prompts or training data (no file or row named), an option value
 that is not a number or out of its bounds (`--budgets 16,abc`, `--budgets 100000`, a KV pool that
-holds no prompt), an empty metrics file for sparrow-report (exit 1), and values of sparrow-train
-keys that crashed the run later (`logger.console_every=0`, ...) or were refused without the key.
+holds no prompt), a model family the engine does not run or a model directory whose weights are
+cut short (a traceback), an empty metrics file for sparrow-report (exit 1), and values of
+sparrow-train keys that crashed the run later (`logger.console_every=0`, ...) or were refused
+without the key.
 """
 
 import logging
@@ -88,6 +90,38 @@ def test_generate_non_utf8_prompts_names_file_line_and_row(capsys, tmp_path, non
 def test_generate_values_out_of_bounds_name_the_option(capsys, tmp_path, args, expected):
     argv = ["--model", "tiny-qwen3", "--limit", "2", "--out", str(tmp_path / "o"), *args]
     assert expected in one_line(capsys, generate.main, argv, "sparrow-generate")
+
+
+@pytest.fixture
+def gpt2_dir(tmp_path):
+    """A tiny GPT-2 saved as an HF directory: a family sparrow's engine does not run."""
+    import transformers
+
+    from sparrow.models.loading import tiny_tokenizer
+
+    # Token ids inside the vocabulary: transformers warns of others (into a closed capture).
+    config = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=16, vocab_size=512, bos_token_id=0, eos_token_id=0
+    )
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    tiny_tokenizer().save_pretrained(tmp_path / "gpt2")
+    return tmp_path / "gpt2"
+
+
+def test_generate_refused_model_family_is_one_line(capsys, tmp_path, gpt2_dir):
+    argv = ["--model", str(gpt2_dir), "--limit", "2", "--max-tokens", "4"]
+    line = one_line(
+        capsys, generate.main, [*argv, "--out", str(tmp_path / "o")], "sparrow-generate"
+    )
+    assert line.startswith(f"sparrow-generate: error: --model {gpt2_dir}: model_type 'gpt2' not")
+
+
+def test_generate_truncated_weights_name_the_directory(capsys, tmp_path, gpt2_dir):
+    weights = gpt2_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    argv = ["--model", str(gpt2_dir), "--limit", "2", "--out", str(tmp_path / "o")]
+    line = one_line(capsys, generate.main, argv, "sparrow-generate")
+    assert f"error: {gpt2_dir}: the model's weights cannot be read (" in line
 
 
 # ---- sparrow-calibrate --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from sparrow.cli.eval_policy import main
 from sparrow.rollout.engine import LLMEngine
 
 ROOT = Path(__file__).resolve().parents[2]
+REWARD = "tests/data/my_reward.py:score"
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 # The trainer's console line of an evaluation (sparrow/train/step_report.py format_eval_line).
 _EVAL_LINE = re.compile(
@@ -33,6 +35,8 @@ def tiny_run(tmp_path_factory) -> tuple[Path, re.Match]:
     env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
     env |= {"HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
     overrides = ["preset=tiny", "rl.steps=1", "rl.eval.samples=2", "rl.eval.temperature=1.0"]
+    # The user's reward by a path relative to the checkout, as the README's gsm8k run gives it.
+    overrides.append(f"rl.reward.function={REWARD}")
     out = subprocess.run(
         [sys.executable, "-m", "sparrow.cli.train", *overrides, f"run_dir={run_dir}"],
         cwd=ROOT,
@@ -111,6 +115,26 @@ def test_eval_scores_every_row_of_a_file(tiny_run, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["eval/n"] == 5
 
 
+def test_eval_from_another_directory_finds_the_runs_reward(tiny_run, tmp_path, monkeypatch, capsys):
+    """The run dir stores its relative reward path resolved, so it is read from anywhere."""
+    run_dir, last = tiny_run
+    stored = json.loads((run_dir / "run_config.json").read_text())["rl"]["reward"]["function"]
+    assert stored == f"{ROOT / REWARD}"
+    monkeypatch.chdir(tmp_path)
+    assert main([str(run_dir), "--samples", "1", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith(f"accuracy {last.group(1)} ")
+
+
+def _copy_run(run_dir: Path, to: Path, reward: str | None = None) -> Path:
+    """The run's config and exported policy copied to `to` (its reward path replaced)."""
+    shutil.copytree(run_dir / "policy", to / "policy")
+    stored = json.loads((run_dir / "run_config.json").read_text())
+    if reward is not None:
+        stored["rl"]["reward"]["function"] = reward
+    (to / "run_config.json").write_text(json.dumps(stored))
+    return to
+
+
 @pytest.mark.parametrize(
     "case, expected",
     [
@@ -120,9 +144,13 @@ def test_eval_scores_every_row_of_a_file(tiny_run, tmp_path, capsys):
         ("missing_file", "no_such.jsonl"),
         ("bad_column", "prompt column 'nope' not found"),
         ("greedy_samples", "rl.eval.samples=3 at rl.eval.temperature=0.0"),
+        ("reward_deleted", "gone.py:score': no such file"),
+        ("reward_relative", "(a relative path is taken from the current directory"),
+        ("weights_missing", "the model's weights cannot be read (Error no file named"),
+        ("weights_truncated", "the model's weights cannot be read (Error while deserializing"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(tiny_run, tmp_path, capsys, case, expected):
+def test_bad_input_is_one_line_and_exit_2(tiny_run, tmp_path, capsys, monkeypatch, case, expected):
     run_dir, _ = tiny_run
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
@@ -131,7 +159,26 @@ def test_bad_input_is_one_line_and_exit_2(tiny_run, tmp_path, capsys, case, expe
     bad.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\nnot json at all\n')
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    copied = _copy_run(
+        run_dir,
+        tmp_path / "copy",
+        {
+            "reward_deleted": f"{tmp_path}/gone.py:score",
+            "reward_relative": REWARD,  # as an older sparrow stored it; read from elsewhere
+        }.get(case),
+    )
+    weights = copied / "policy" / "model.safetensors"
+    if case == "weights_missing":
+        weights.unlink()
+    if case == "weights_truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    if case == "reward_relative":
+        monkeypatch.chdir(tmp_path)
     argv = {
+        "reward_deleted": [str(copied)],
+        "reward_relative": [str(copied)],
+        "weights_missing": [str(copied)],
+        "weights_truncated": [str(copied)],
         "missing": [str(tmp_path / "nope")],
         "unfinished_run": [str(unfinished)],
         "bad_file": [str(run_dir), "--prompts", str(bad)],

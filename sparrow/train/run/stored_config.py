@@ -6,6 +6,8 @@ on the keys that change what is trained (model, data, batch shape, optimizer, lo
 difference stops the launch with the list of keys, unless `resume_mismatch=allow`. Keys that a
 resumed run may change on purpose (rl.steps, evaluation, logging, checkpoints, the controller
 and its schedule) are not compared. Each accepted launch rewrites the file with its config.
+Local paths in it (PATH_KEYS: the data files, a reward file) are absolute, as the CLI resolves
+them when it loads the config.
 """
 
 import json
@@ -13,7 +15,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sparrow.tasks.data_sources import is_local
+
 FILE_NAME = "run_config.json"
+# Keys that may hold a local path, stored absolute (the CLI resolves them when it loads the
+# config): the run dir is then read from any directory (sparrow-eval), and a resume from another
+# directory cannot pick up another file of the same relative name unnoticed.
+PATH_KEYS = ("data.source", "data.eval_source", "rl.reward.function")
 # Dotted prefixes of the keys whose change makes a resumed run a different run.
 RUN_KEYS = (
     "model.",
@@ -66,9 +74,25 @@ def differing_keys(
     config lacks (added to sparrow after the run started) differs only when the current value is
     not its default (`defaults`, the config schema's): a run dir from an older sparrow resumes."""
     old, new, default = flatten(stored), flatten(current), flatten(defaults or {})
+    # An older sparrow stored paths as typed: a relative one meant the current directory.
+    old |= {k: absolute_path(k, old[k]) for k in PATH_KEYS if k in old}
     keys = sorted(k for k in old.keys() | new.keys() if k.startswith(RUN_KEYS))
     keys = [k for k in keys if k in old or k not in default or new.get(k) != default[k]]
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def absolute_path(key: str, value: Any) -> Any:
+    """`value` of `key` (one of PATH_KEYS) with a local path made absolute from the current
+    directory; a hub dataset, the embedded "tasks", a package.module:function or None as it is."""
+    if not isinstance(value, str):
+        return value
+    if key == "rl.reward.function":
+        # A file is what sparrow/tasks/user_reward.py imports as one: it ends in .py or has a '/'.
+        source, colon, name = value.rpartition(":")
+        if colon and (source.endswith(".py") or "/" in source):
+            return f"{os.path.abspath(os.path.expanduser(source))}:{name}"
+        return value
+    return os.path.abspath(os.path.expanduser(value)) if is_local(value) else value
 
 
 def check_resume(
