@@ -9,7 +9,8 @@ overlap it.
 A rollout rank's stand-in draw records its step, the payload it was asked with, the weight
 version it holds and its engine's first embedding value. With `--die-in-draw S` the rollout
 ranks exit without a word while drawing step S; each trainer records what its next call raised.
-Training ranks save `--out/train{rank}.pt`.
+Training ranks save `--out/train{rank}.pt`, with the share of a 12 GiB host their memory plan
+would take (rank_device_memory, after split_world counted this host's training ranks).
 """
 
 import argparse
@@ -28,6 +29,8 @@ from sparrow.cluster import split_world  # noqa: E402
 from sparrow.distributed import lost_peer  # noqa: E402
 from sparrow.rl.actor import parameter_buckets  # noqa: E402
 from sparrow.rollout.engine import EngineConfig, LLMEngine  # noqa: E402
+from sparrow.train.config import MemoryConfig  # noqa: E402
+from sparrow.train.memory.fit import rank_device_memory  # noqa: E402
 from sparrow.train.rollouts.drawn import DrawnStep  # noqa: E402
 from sparrow.train.rollouts.remote import RemoteRollouts, serve_rollouts  # noqa: E402
 
@@ -61,7 +64,10 @@ def trainer(args, roles) -> None:
     remote = RemoteRollouts(
         roles, lambda step: {"asked": step, "rank": rank}, BUCKET, torch.float32
     )
-    record = {"initial": initial, "steps": [], "push": [], "raised": None}
+    # What the trainer's memory plan would size against on this host: a 12 GiB host shared by
+    # the training ranks that split_world counted on it (SPARROW_LOCAL_TRAINERS).
+    share = rank_device_memory(MemoryConfig(device_gib=12.0), on_gpu=False).bytes
+    record = {"initial": initial, "steps": [], "push": [], "raised": None, "ram_share": share}
     try:
         for step in range(args.steps):
             drawn = remote.result(step)  # step 0: drawn now; later: submitted a step ago

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sparrow.train.memory.plan import GiB
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parents[1] / "rl"))
 from test_distributed import clean_env, free_port  # noqa: E402
@@ -42,6 +44,8 @@ def torchrun(out: Path, ranks: int, rollout: int, *args: str) -> list[dict]:
 def test_rows_are_one_version_behind_and_drawn_on_the_pushed_weights(tmp_path, ranks, rollout):
     for rank, record in enumerate(torchrun(tmp_path, ranks, rollout, "--steps", str(STEPS))):
         assert record["raised"] is None
+        # The host's RAM is shared by its training ranks only: a rollout rank takes no share.
+        assert record["ram_share"] == 12 * GiB // (ranks - rollout), record["ram_share"] / GiB
         assert [s[0] for s in record["steps"]] == list(range(STEPS))
         for step, version, seen in record["steps"]:
             # Staleness 1: step t's rows come from the weights after update t-1 (step 0 and 1:
