@@ -16,7 +16,6 @@ actor's own gathered_state_dict to `--out/zero3.pt`.
 import argparse
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_lm
 from dist_worker import run_step  # noqa: E402
+from hang_guard import COLLECTIVE_GUARD  # noqa: E402
 from tiny_lm import random_prompts, tiny_causal_lm  # noqa: E402
 
 from sparrow.cluster import split_world  # noqa: E402
@@ -34,7 +34,9 @@ from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams  # no
 from sparrow.rollout.weight_push import WeightPush  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, return_logits=True)
-TIMEOUT = timedelta(seconds=60)
+# A hang guard: a rollout rank waits here while its training ranks are still starting (a 60 s
+# one tripped under load, issue 61); a dead peer is seen at once (closed connection).
+TIMEOUT = COLLECTIVE_GUARD
 
 
 class NoText:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -41,7 +42,7 @@ def clean_env(**extra) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
 
 
-def run(cmd, env, timeout=120):
+def run(cmd, env, timeout=HANG_GUARD_S):
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
@@ -134,7 +135,7 @@ def test_two_torchrun_agents_c10d_rendezvous(tmp_path, one_rank):
         )
         for node in range(2)
     ]
-    logs = [agent.communicate(timeout=120)[0] for agent in agents]
+    logs = [agent.communicate(timeout=HANG_GUARD_S)[0] for agent in agents]
     for agent, log in zip(agents, logs, strict=True):
         assert agent.returncode == 0, log[-3000:]
     for rank in range(2):
@@ -149,7 +150,9 @@ def test_multinode_launch_without_master_addr_stops_at_once():
     own rendezvous and wait for the others until it times out: the script refuses instead."""
     env = clean_env(NNODES="2", NODE_RANK="1", NPROC_PER_NODE="1", SPARROW_ENTRY=str(WORKER))
     cmd = ["bash", str(REPO / "scripts/launch_multinode.sh")]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert proc.returncode == 2
     assert "MASTER_ADDR" in proc.stderr
 
@@ -188,13 +191,13 @@ def test_launcher_gives_a_stopping_worker_time_to_checkpoint(tmp_path):
         cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + 600  # a hang guard only
+        deadline = time.monotonic() + HANG_GUARD_S
         ready = tmp_path / "ready"
         while not ready.exists() and agent.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert ready.exists(), "the worker never started"
         agent.send_signal(signal.SIGTERM)  # bash exec'd torchrun: this is the agent
-        log = agent.communicate(timeout=120)[0]
+        log = agent.communicate(timeout=HANG_GUARD_S)[0]
     finally:
         if agent.poll() is None:
             agent.kill()

@@ -13,6 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from hang_guard import HANG_GUARD_S
 from test_distributed import clean_env, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def head_calls(uniform: bool) -> tuple[int, int]:
         )
         for rank in (0, 1)
     ]
-    outs = [p.communicate(timeout=180) for p in procs]
+    outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     _, a, b = outs[0][0].split()

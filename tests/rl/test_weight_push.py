@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 from sparrow.rollout.weight_push import WeightPush, plan_buckets
 
@@ -37,7 +38,12 @@ def torchrun(out: Path, *args: str, ranks: int = 2) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
     cmd += ["--master_port", str(free_port()), str(WORKER), "--out", str(out), *args]
     proc = subprocess.run(
-        cmd, env=clean_env(), cwd=HERE.parents[1], capture_output=True, text=True, timeout=300
+        cmd,
+        env=clean_env(),
+        cwd=HERE.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
