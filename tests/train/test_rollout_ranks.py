@@ -2,6 +2,8 @@
 gloo, CPU): world rank 1 runs only the engine, rank 0 trains and pushes its weights after every
 update, with the next step's draw one step ahead (rl.async.staleness=1).
 
+- The training rank's memory plan takes the host's whole RAM: the rollout rank beside it is
+  not counted among the ranks that share it (the plan line says so).
 - The run equals the one-process staleness-1 run: every step's metrics (timings aside; the push's
   own keys exist only here) and the final weights byte for byte. The rollout rank draws from each
   request what the trainer's own engine would have drawn (prompts, plan, schedule, seed).
@@ -30,6 +32,7 @@ TIMEOUT_MIN = 0.5
 # which a loaded host or a first run (DeepSpeed, Triton caches) stretches past 30 s; a lost
 # peer closes its connection and is seen at once whatever the timeout.
 BRIDGE_TIMEOUT_MIN = 5
+HOST_GIB = 16
 COMMON = [
     "preset=tiny",
     "rl.steps=3",
@@ -40,6 +43,9 @@ COMMON = [
     "actor.micro_batch_size=4",  # several micro-batches, for the pause inside the update
     f"actor.collective_timeout_min={TIMEOUT_MIN}",
     f"cluster.bridge_timeout_min={BRIDGE_TIMEOUT_MIN}",
+    # The host's RAM as the plan takes it, so that the plan line says whose share it sized
+    # (on a 1 + 1 launch the one training rank's: all of it).
+    f"memory.device_gib={HOST_GIB}",
 ]
 PUSH_KEYS = ("sync/push_s", "sync/push_bytes")
 
@@ -136,6 +142,13 @@ def test_rollout_rank_run_equals_the_one_process_run(straight, tmp_path):
         assert row.pop("sync/push_bytes") > 0  # theta in the engine's dtype, every update
     assert remote == _rows(local)
     assert _weights(straight) == _weights(local)
+
+
+@pytest.mark.slow
+def test_the_plan_gives_the_training_rank_the_hosts_ram_a_rollout_rank_takes_no_share(straight):
+    (plan,) = [x for x in (straight.parent / "straight.log").read_text().splitlines()
+               if "memory: peak " in x]  # fmt: skip
+    assert f"usable (memory.device_gib {HOST_GIB:.1f} GiB, 10% kept free)" in plan, plan
 
 
 @pytest.mark.slow
