@@ -11,6 +11,7 @@ wandb_workspace.py the panels as a wandb-workspaces workspace
 config_loader.py  Hydra composition with one-line errors
 moved_keys.py     config keys that moved, and the one line naming where each is set now
 errors.py         the error boundary every console script shares (user errors: one line)
+option_tables.py  the option tables of docs/guide/, generated from the config dataclasses
 launcher.py       torchrun's agent for scripts/launch_multinode.sh: a failed run ends with
                   sparrow's line and exit code
 """
