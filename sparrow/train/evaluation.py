@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import Prompt
-from sparrow.tasks.rewards import GuardedReward, score_batch
+from sparrow.tasks.rewards import GuardedReward, RewardStats, score_batch
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +71,24 @@ def sampled_metrics(
     samples: int,
     sum_over_ranks: Callable[[float], float] = float,
     seed: int | None = None,
+    stats: RewardStats | None = None,
 ) -> dict:
     """`samples` completions per prompt at `params`: eval/mean@k (the mean score) and
     eval/pass@j for j in `pass_ks(k)` (a sample is correct with full marks, score >= 1), each
-    with its 95% interval over the prompts of all ranks."""
+    with its 95% interval over the prompts of all ranks. `stats` adds up the reward's calls
+    and failures."""
     per_prompt: list[list[float]] = [[] for _ in prompts]
     if prompts:
         outputs = engine.generate([p.token_ids for p in prompts], params, n=samples, seed=seed)
-        scores = score_batch(
+        scored = score_batch(
             reward,
             [prompts[o.prompt_index].text for o in outputs],
             [o.text for o in outputs],
             [prompts[o.prompt_index].answer for o in outputs],
-        ).scores.tolist()
+        )
+        scores = scored.scores.tolist()
+        if stats is not None:
+            stats.add(scored.stats)
         for o, score in zip(outputs, scores, strict=True):
             per_prompt[o.prompt_index].append(score)
     values = {f"mean@{samples}": [sum(s) / samples for s in per_prompt]}
@@ -120,16 +125,20 @@ def evaluate(
 
     Returns the metrics and this rank's per-prompt scores (for paired comparisons). The metrics
     carry `eval/samples`: this rank's first `num_samples` prompts (the tail of the prompt text),
-    completions, reference answers and scores, for people reading the log.
+    completions, reference answers and scores, for people reading the log; and where the
+    reward failed on any rank, its counts (`reward_counts`).
     """
+    stats = RewardStats()
     if prompts:
         outputs = engine.generate([p.token_ids for p in prompts], params, n=1, seed=seed)
-        scores = score_batch(
+        scored = score_batch(
             reward,
             [p.text for p in prompts],
             [o.text for o in outputs],
             [p.answer for p in prompts],
-        ).scores
+        )
+        scores = scored.scores
+        stats.add(scored.stats)
         per_prompt = scores.tolist()
         rows = [
             {"prompt": p.text[-300:], "completion": o.text, "answer": p.answer, "score": score}
@@ -147,7 +156,7 @@ def evaluate(
     if samples > 1:
         assert sample_params is not None, "samples > 1 come with their sampling params"
         sampled = sampled_metrics(
-            engine, reward, prompts, sample_params, samples, sum_over_ranks, seed
+            engine, reward, prompts, sample_params, samples, sum_over_ranks, seed, stats
         )
     return {
         "eval/accuracy": accuracy,
@@ -157,7 +166,23 @@ def evaluate(
         "eval/n": n,
         "eval/len_mean": lengths / max(n, 1.0),
         "eval/samples": rows,
-    } | sampled, per_prompt
+    } | sampled | reward_counts(stats, sum_over_ranks), per_prompt
+
+
+def reward_counts(stats: RewardStats, sum_over_ranks: Callable[[float], float]) -> dict:
+    """eval/reward_calls, _errors and _timeouts over all ranks when any call failed, else {}:
+    a failed call scores 0, which accuracy counts as a wrong answer. Only then, so that a
+    clean evaluation logs the keys it always logged."""
+    calls, errors, timeouts = (
+        sum_over_ranks(v) for v in (stats.calls, stats.errors, stats.timeouts)
+    )
+    if not errors + timeouts:
+        return {}
+    return {
+        "eval/reward_calls": calls,
+        "eval/reward_errors": errors,
+        "eval/reward_timeouts": timeouts,
+    }
 
 
 def eval_sampling(

@@ -1,5 +1,6 @@
 """What one step reports: rollout metrics from the batch, the console lines per step and per
-evaluation, and the one warning when the reward starts failing."""
+evaluation, and the one warning when the reward starts failing (in training, and in
+evaluations)."""
 
 import logging
 import math
@@ -38,11 +39,14 @@ class RewardFailures:
     """A reward that fails (raises, returns a non-finite score or overruns its deadline) scores
     0 and the run goes on, so a reward broken on every completion would train to the end at
     `reward 0.000` unseen: the first step with failures on any rank warns once, on rank 0, with
-    the reward's name, the step's count and the last error; every step's line counts them."""
+    the reward's name, the step's count and the last error; every step's line counts them. An
+    evaluation's failures score 0 too, which reads as `accuracy 0.000`: the first evaluation
+    with failures warns the same way, and every eval line counts them."""
 
     def __init__(self, reward: GuardedReward, ranks: Ranks):
         self.reward, self.ranks = reward, ranks
         self.warned = False
+        self.warned_eval = False
 
     def check(self, step: int, metrics: dict) -> None:
         """Call on every rank with the step's all-rank metrics (collective the first time)."""
@@ -50,14 +54,30 @@ class RewardFailures:
         if self.warned or not failed:
             return
         self.warned = True
+        where = f"in step {step} (each scored 0)"
+        note = " (the step line counts failures as reward_errors)"
+        self._warn(failed, int(metrics["reward/calls"]), where, note)
+
+    def check_eval(self, metrics: dict, where: str) -> None:
+        """The same for an evaluation's all-rank metrics (`evaluate`'s); `where` ends "failed on
+        N of M completions ...", e.g. "in the evaluation at step 0"."""
+        failed = int(metrics.get("eval/reward_errors", 0) + metrics.get("eval/reward_timeouts", 0))
+        if self.warned_eval or not failed:
+            return
+        self.warned_eval = True
+        where += " (each scored 0, a wrong answer to accuracy)"
+        self._warn(failed, int(metrics["eval/reward_calls"]), where, "")
+
+    def _warn(self, failed: int, calls: int, where: str, note: str) -> None:
         # Every rank sees the same sums, so all join this gather once.
         errors = self.ranks.gather_strided([self.reward.stats.last_error])
-        last = " ".join(next(e for e in errors if e).split())
+        # None on every rank: the completions were scored on rollout ranks, which keep theirs.
+        last = next((e for e in errors if e), "not sent back by the rollout ranks that scored")
+        last = " ".join(last.split())
         if self.ranks.rank == 0:
             log.warning(
-                "reward %r failed on %d of %d completions in step %d (each scored 0); last "
-                "error: %s (the step line counts failures as reward_errors)",
-                self.reward.name, failed, int(metrics["reward/calls"]), step, last[:400],
+                "reward %r failed on %d of %d completions %s; last error: %s%s",
+                self.reward.name, failed, calls, where, last[:400], note,
             )  # fmt: skip
 
 
@@ -120,6 +140,9 @@ def format_eval_line(step: int, result: dict) -> str:
         f"(95% CI {result['eval/accuracy_lo95']:.3f}-{result['eval/accuracy_hi95']:.3f}, "
         f"n={int(result['eval/n'])}), mean length {result['eval/len_mean']:.1f}"
     )
+    if "eval/reward_calls" in result:  # the reward failed: those completions scored 0
+        failed = result["eval/reward_errors"] + result["eval/reward_timeouts"]
+        line += f", reward_errors {failed:.0f}/{result['eval/reward_calls']:.0f}"
     if "eval/delta" in result:
         line += (
             f"; vs first eval {result['eval/delta']:+.3f} "

@@ -426,6 +426,7 @@ class GRPOTrainer:
             self._sync_engine()
         self.steering.push()
         result |= self.run.baseline.delta(self.ranks.gather_strided(correct))
+        self.reward_failures.check_eval(result, f"in the evaluation at step {self.step}")
         if self.rank == 0:
             print(format_eval_line(self.step, result), flush=True)
         return result
