@@ -14,12 +14,11 @@ import sys
 import threading
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.tasks.reward_guard import GuardedReward
 from sparrow.tasks.rewards import RewardConfig, build_reward, score_batch
 from sparrow.tasks.user_reward import _FILE_MODULES
-
-HANG_GUARD_S = 120.0  # for an abandoned thread to end; it ends at its next bytecode
 
 _SPIN_FILE = """
 import os

@@ -9,6 +9,7 @@ from a thread that then exits), sets the worker spinning, and is SIGKILLed: the 
 gone, and it must have served a call after its starting thread was gone."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -16,8 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-HANG_GUARD_S = 120.0  # for the worker to go after the kill; it goes at once when it works
+from hang_guard import CHILD_GUARD_S, HANG_GUARD_S
 
 _SPINNER = """
 def spin():
@@ -30,8 +30,9 @@ import operator, sys, threading, time
 from spinner import spin
 from sparrow.tasks.sandbox import Sandbox, SandboxTimeout
 
+GUARD = float(sys.argv[2])  # a hang guard: these calls return at once
 sandbox = Sandbox()
-assert sandbox.call(operator.add, 1, 2, timeout_s=None) == 3
+assert sandbox.call(operator.add, 1, 2, timeout_s=GUARD) == 3
 
 
 def overrun():  # the rollout thread: a call past its deadline, its worker replaced from here
@@ -39,18 +40,18 @@ def overrun():  # the rollout thread: a call past its deadline, its worker repla
         sandbox.call(time.sleep, 600, timeout_s=0.2)
     except SandboxTimeout:
         pass
-    assert sandbox.call(operator.add, 2, 1, timeout_s=None) == 3  # the step scores on
+    assert sandbox.call(operator.add, 2, 1, timeout_s=GUARD) == 3  # the step scores on
 
 
 if sys.argv[1] == "thread":
     worker = threading.Thread(target=overrun)
     worker.start()
     worker.join()  # the thread that started the replacement has exited
-    assert sandbox.call(operator.add, 2, 2, timeout_s=None) == 4
+    assert sandbox.call(operator.add, 2, 2, timeout_s=GUARD) == 4
     assert sandbox.num_restarts == 1, sandbox.num_restarts  # the replacement served: not killed
 threading.Thread(target=sandbox.call, args=(spin,), kwargs={"timeout_s": None}).start()
 print(sandbox._worker.process.pid, flush=True)
-time.sleep(600)
+time.sleep(GUARD)
 """
 
 
@@ -69,12 +70,13 @@ def test_the_worker_dies_with_a_sigkilled_trainer(tmp_path, started_in):
     (tmp_path / "spinner.py").write_text(_SPINNER)
     (tmp_path / "stand_in.py").write_text(_STAND_IN)
     trainer = subprocess.Popen(
-        [sys.executable, str(tmp_path / "stand_in.py"), started_in],
+        [sys.executable, str(tmp_path / "stand_in.py"), started_in, str(CHILD_GUARD_S)],
         stdout=subprocess.PIPE,
         text=True,
     )
     worker_pid = None
     try:
+        select.select([trainer.stdout], [], [], HANG_GUARD_S)
         line = trainer.stdout.readline()
         assert line.strip().isdigit(), f"the stand-in failed: exit {trainer.wait()}"
         worker_pid = int(line)
