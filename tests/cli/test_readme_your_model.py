@@ -1,11 +1,11 @@
-"""README's "Your model, data and reward" block runs as written, in order, on a CPU machine
+"""The block of docs/guide/your-model-data-reward.md runs as written, in order, on a CPU machine
 (slow: start-up dominates, minutes per command on a loaded 2-core box): the tiny families train,
 the shipped GSM8K-shaped file and the user's reward feed a run whose evaluations report pass@k,
 `sparrow-eval` scores its exported policy, and the two GPU presets dry-run offline.
 
-The commands are read from README.md (parsed as tests/cli/test_documented_commands.py parses
-every document), in a temporary folder holding a copy of examples/, so a command changed there is
-the command run here.
+The commands are read from the guide's first block (parsed as tests/cli/test_documented_commands.py
+parses every document), in a temporary folder holding a copy of examples/, so a command changed
+there is the command run here.
 """
 
 import json
@@ -22,15 +22,13 @@ import pytest
 from test_documented_commands import Command, extract
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Your model, data and reward"
+GUIDE = ROOT / "docs" / "guide" / "your-model-data-reward.md"
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
 
 def section_commands() -> list[Command]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    block = section.split("```bash", 1)[1].split("```", 1)[0]
-    return [c for c in extract(f"```bash{block}```", "README.md") if not c.mention]
+    block = GUIDE.read_text().split("```bash", 1)[1].split("```", 1)[0]
+    return [c for c in extract(f"```bash{block}```", GUIDE.name) if not c.mention]
 
 
 def _option(command: Command, key: str) -> str | None:

@@ -15,7 +15,8 @@ import sparrow.cli.train as train_cli
 from sparrow.cli.train import main
 
 ROOT = Path(__file__).resolve().parents[2]
-MY_REWARD = "tests/data/my_reward.py:score"  # relative, as the README writes it
+MY_REWARD = "tests/data/my_reward.py:score"  # relative, as the guide writes it
+GUIDE = ROOT / "docs" / "guide" / "your-model-data-reward.md"
 
 
 def _one_line(err: str) -> str:
@@ -86,20 +87,20 @@ def test_kwargs_the_function_does_not_take_are_refused(
     assert "got an unexpected keyword argument 'wrongg'" in line, line
 
 
-def _readme_command() -> list[str]:
-    """README's rl.reward.function command ("Using it"), as the shell splits it."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+def _guide_command() -> list[str]:
+    """The guide's one-line rl.reward.function command ("Your reward"), as the shell splits it."""
+    lines = GUIDE.read_text().splitlines()
     found = [line for line in lines if re.match(r"sparrow-train .*rl\.reward\.function=", line)]
     assert len(found) == 1, found
     return shlex.split(found[0])
 
 
 def test_train_two_steps_with_the_users_reward(tmp_path, capsys, monkeypatch):
-    """README's command as written (from the checkout, as a user runs it), plus a run dir of the
+    """The guide's command as written (from the checkout, as a user runs it), plus a run dir of the
     test's own, the reward's log (what the function returned) and a score for a wrong answer that
     the built-in math reward would not give (a random model is always wrong)."""
     monkeypatch.chdir(ROOT)
-    command = _readme_command()
+    command = _guide_command()
     assert command[:3] == ["sparrow-train", "preset=tiny", f"rl.reward.function={MY_REWARD}"]
     log = tmp_path / "calls.jsonl"
     argv = [*command[1:], "rl.steps=2", "rl.eval.every=0", f"run_dir={tmp_path}/run"]
