@@ -160,3 +160,24 @@ def test_an_in_process_reward_that_spins_goes_on_in_a_worker(tmp_path, capsys, c
     assert " reward_errors 1/16 " in step[0], step
     said = [r.getMessage() for r in caplog.records if "overran" in r.getMessage()]
     assert len(said) == 1 and "rl.reward.isolate=true" in said[0], said
+
+
+def test_an_isolated_reward_sees_only_the_variables_passed_through(tmp_path, capsys, monkeypatch):
+    """Issue 61 item 8 from the command line: a key the reward reads at import is not in the
+    isolated worker's environment unless rl.reward.env_passthrough names it."""
+    (tmp_path / "judge.py").write_text(
+        "import os\nKEY = os.environ['JUDGE_API_KEY']\n\ndef score(p, c, r):\n    return 1.0\n"
+    )
+    monkeypatch.setenv("JUDGE_API_KEY", "k")
+    reached = []
+    monkeypatch.setattr(train_cli, "_run_or_lost_rank", lambda *a: reached.append(1) or 0)
+    argv = [
+        "preset=tiny",
+        f"run_dir={tmp_path}/run",
+        f"rl.reward.function={tmp_path}/judge.py:score",
+    ]
+    argv.append("rl.reward.isolate=true")
+    assert main(argv) == 2 and not reached  # in-process it would import: the worker cannot
+    line = _one_line(capsys.readouterr().err)
+    assert "raised KeyError: 'JUDGE_API_KEY'" in line and "rl.reward.env_passthrough" in line
+    assert main([*argv, "rl.reward.env_passthrough=[JUDGE_API_KEY]"]) == 0 and reached
