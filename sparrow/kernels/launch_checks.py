@@ -14,6 +14,9 @@ from .paged_cache import PageSummary
 from .selection import SCORE_MODES
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# Row kernels (add_rms_norm, silu_mul) address element `row * stride + column` in int32 (their
+# strides are i32 in the ahead-of-time signatures, kernels/aot.py): the last element must fit.
+INT32_MAX = 2**31 - 1
 
 # A row of scores lives in one program's registers (select_triton.py): 8K pages (128K tokens at
 # page 16) is the widest that compiles without spills for sm_90 (16K spills at 16 warps); wider
@@ -159,6 +162,7 @@ def check_silu_mul(gate_up: Tensor) -> None:
         )
     if gate_up.dtype not in (*HALF_DTYPES, torch.float32):
         raise TypeError(f"silu_mul: gate_up must be fp16/bf16/fp32, got {gate_up.dtype}")
+    _check_row_offsets(gate_up, "silu_mul: gate_up")
 
 
 def _check_rows(t: Tensor, name: str) -> None:
@@ -166,4 +170,16 @@ def _check_rows(t: Tensor, name: str) -> None:
         raise ValueError(
             f"add_rms_norm: {name} must be fp16/bf16 (N, C) with unit last stride, got "
             f"{tuple(t.shape)} {t.dtype}"
+        )
+    _check_row_offsets(t, f"add_rms_norm: {name}")
+
+
+def _check_row_offsets(t: Tensor, name: str) -> None:
+    """Rows (N, C) at any row stride >= 0 (a view of wider rows is read in place; the kernel
+    takes the stride), as long as the last element's int32 offset does not overflow."""
+    rows, cols = t.shape
+    if rows and (rows - 1) * t.stride(0) + cols - 1 > INT32_MAX:
+        raise ValueError(
+            f"{name}: the last element's offset ({rows} rows at stride {t.stride(0)}) exceeds "
+            "int32; split the rows into calls"
         )

@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from sparrow.kernels import norm_rope_triton as nr  # noqa: E402
+from sparrow.kernels.launch_checks import INT32_MAX, check_add_rms_norm  # noqa: E402
 
 if not nr.INTERPRETED:
     pytest.skip("Triton was imported before TRITON_INTERPRET was set", allow_module_level=True)
@@ -41,6 +42,39 @@ def test_add_rms_norm_equals_reference(dtype, residual, cols):
     assert out.dtype == dtype and total.dtype == dtype
     torch.testing.assert_close(total, ref_total, atol=0, rtol=RTOL[dtype])
     torch.testing.assert_close(out, ref_out, atol=0, rtol=RTOL[dtype])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_add_rms_norm_reads_each_input_at_its_own_row_stride(residual):
+    """x and the residual as views of wider rows (row strides 3 C and 2 C, not C): the launcher
+    passes each tensor's row stride, the kernel reads the rows in place; the outputs are
+    contiguous. fp16: the interpreter rounds it as a GPU does, so the bound is one step."""
+    gen = torch.Generator().manual_seed(5)
+    cols = 200
+    x = (3 * torch.randn(4, 3 * cols, generator=gen)).half()[:, cols : 2 * cols]
+    res = torch.randn(4, 2 * cols, generator=gen).half()[:, :cols] if residual else None
+    w = (1 + 0.1 * torch.randn(cols, generator=gen)).half()
+    assert x.stride(0) == 3 * cols and (res is None or res.stride(0) == 2 * cols)
+    total, out = nr.add_rms_norm(x, w, 1e-6, res)
+    ref_total, ref_out = nr.add_rms_norm_reference(x, w, 1e-6, res)
+    assert out.is_contiguous() and (res is None or total.is_contiguous())
+    torch.testing.assert_close(total, ref_total, atol=0, rtol=RTOL[torch.float16])
+    torch.testing.assert_close(out, ref_out, atol=0, rtol=RTOL[torch.float16])
+
+
+def test_add_rms_norm_refuses_rows_whose_offsets_overflow_int32():
+    """The kernel's `row * stride + column` is int32: a layout whose last element lies past it
+    is refused before anything is allocated (meta tensors: no memory), the largest that fits
+    is not."""
+    w = torch.empty(16, dtype=torch.float16, device="meta")
+    too_far = torch.empty_strided((2, 16), (INT32_MAX - 14, 1), dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="exceeds int32"):
+        check_add_rms_norm(too_far, w, None)
+    with pytest.raises(ValueError, match="residual.*exceeds int32"):
+        check_add_rms_norm(too_far[:, :16].as_strided((2, 16), (16, 1)), w, too_far)
+    last_fits = torch.empty_strided((2, 16), (INT32_MAX - 15, 1), dtype=torch.float16,
+                                    device="meta")  # fmt: skip
+    check_add_rms_norm(last_fits, w, None)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from sparrow.kernels import append_kv, kv_write_triton, swiglu_triton, write_kv  # noqa: E402
+from sparrow.kernels.launch_checks import INT32_MAX, check_silu_mul  # noqa: E402
 
 if not (swiglu_triton.INTERPRETED and kv_write_triton.INTERPRETED):
     pytest.skip("Triton was imported before TRITON_INTERPRET was set", allow_module_level=True)
@@ -36,6 +37,28 @@ def test_silu_mul_uses_gate_then_up():
     out = swiglu_triton.silu_mul(gate_up)
     expected = torch.nn.functional.silu(torch.tensor([2.0, -1.0])) * torch.tensor([0.5, 3.0])
     torch.testing.assert_close(out[0], expected)
+
+
+def test_silu_mul_reads_gate_up_at_its_row_stride():
+    """gate_up as a view of wider rows (row stride 3 I, not 2 I): the launcher passes the row
+    stride, the kernel reads gate then up of each row in place; the output is contiguous."""
+    gen = torch.Generator().manual_seed(2)
+    inter = 1000
+    gate_up = (3 * torch.randn(3, 3 * inter, generator=gen))[:, inter:]  # (N, 2 I), stride 3 I
+    assert gate_up.stride(0) == 3 * inter
+    out = swiglu_triton.silu_mul(gate_up)
+    assert out.is_contiguous()
+    expected = swiglu_triton.silu_mul_reference(gate_up)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=RTOL[torch.float32])
+
+
+def test_silu_mul_refuses_rows_whose_offsets_overflow_int32():
+    """`row * stride + column` is int32 in the kernel: refused before launch (meta tensors)."""
+    too_far = torch.empty_strided((2, 32), (INT32_MAX - 30, 1), dtype=torch.bfloat16,
+                                  device="meta")  # fmt: skip
+    with pytest.raises(ValueError, match="exceeds int32"):
+        check_silu_mul(too_far)
+    check_silu_mul(torch.empty_strided((2, 32), (INT32_MAX - 31, 1), device="meta"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
