@@ -61,6 +61,9 @@ from sparrow.tasks.rewards import RewardResult, register_reward
 from sparrow.train.rollouts.draw import RolloutDraw
 from sparrow.train.trainer import GRPOTrainer
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/, for hang_guard
+from hang_guard import CHILD_GUARD_S  # noqa: E402
+
 PHASES = (
     "none",
     "load",
@@ -193,7 +196,7 @@ def install(phase: str, target: int, marker: Path) -> None:
         def paused_loss(*loss_args):
             calls.append(1)
             if len(calls) == 2:
-                deadline = time.monotonic() + 300
+                deadline = time.monotonic() + CHILD_GUARD_S
                 while phase == "overlap" and not (
                     _Run.producer_mid.is_set() or remote_draw_frozen.exists()
                 ):

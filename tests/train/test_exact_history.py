@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 from wandb_files import logged_steps, wait_until_written
 
 from sparrow.train.logs.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
@@ -103,8 +104,8 @@ def _launch(run_dir: Path, log: Path, phase: str = "none", step: int = 0) -> sub
         )
 
 
-def _wait(proc: subprocess.Popen, log: Path, done, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout  # a hang guard only
+def _wait(proc: subprocess.Popen, log: Path, done) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
     while not done() and time.monotonic() < deadline:
         assert proc.poll() is None, log.with_suffix(".err").read_text()[-3000:]
         time.sleep(0.02)
@@ -130,7 +131,7 @@ def _comparable(rows: list[dict]) -> list[dict]:
 def test_three_random_kills_leave_an_exact_history(tmp_path):
     straight = tmp_path / "straight"
     proc = _launch(straight, tmp_path / "straight")
-    assert proc.wait(timeout=900) == 0, (tmp_path / "straight.err").read_text()[-3000:]
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, (tmp_path / "straight.err").read_text()[-3000:]
 
     rng = random.Random(23)
     killed = tmp_path / "killed"
@@ -154,7 +155,7 @@ def test_three_random_kills_leave_an_exact_history(tmp_path):
 
     last = tmp_path / "final"
     proc = _launch(killed, last)
-    assert proc.wait(timeout=900) == 0, last.with_suffix(".err").read_text()[-3000:]
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, last.with_suffix(".err").read_text()[-3000:]
     redone = (tmp_path / "launch1.err").read_text()  # resumed at 1, the step-2 row was logged
     assert "metrics.jsonl: cut back to step 1 (1 later rows and 0 torn lines removed)" in redone
 

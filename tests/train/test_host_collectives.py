@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,7 +71,7 @@ def run_check(backend: str, **extra) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.train.run.checkpoint import MARKER, verify
 
@@ -43,7 +44,7 @@ def _kill_in_phase(run_dir: Path, phase: str, step: int, log: Path) -> None:
     marker = log.with_suffix(".paused")
     cmd = [sys.executable, str(PAUSE_AT), phase, str(step), str(marker), *COMMON]
     proc = _launch([*cmd, f"run_dir={run_dir}"], log)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     if not marker.exists():
@@ -87,7 +88,7 @@ def test_sigkill_in_every_phase_loses_only_the_step_in_flight(tmp_path):
         [sys.executable, "-m", "sparrow.cli.train", *COMMON, f"run_dir={straight}"],
         tmp_path / "straight",
     )
-    assert proc.wait(timeout=600) == 0, (tmp_path / "straight.err").read_text()[-3000:]
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, (tmp_path / "straight.err").read_text()[-3000:]
 
     killed = tmp_path / "killed"
     for i, (phase, step) in enumerate(KILLS):
@@ -101,7 +102,7 @@ def test_sigkill_in_every_phase_loses_only_the_step_in_flight(tmp_path):
 
     last = tmp_path / "launch_final"
     proc = _launch([sys.executable, "-m", "sparrow.cli.train", *COMMON, f"run_dir={killed}"], last)
-    assert proc.wait(timeout=600) == 0, last.with_suffix(".err").read_text()[-3000:]
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, last.with_suffix(".err").read_text()[-3000:]
     out, err = last.with_suffix(".out").read_text(), last.with_suffix(".err").read_text()
     # The torn step-5 checkpoint (marker written, never renamed) is removed, not loaded.
     assert f"resumed from {killed / 'checkpoints' / 'step_000004'} at step 4" in out
@@ -133,7 +134,7 @@ DYNAMIC = [
 def _run_to_the_end(run_dir: Path, log: Path) -> None:
     cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(log.with_suffix(".paused"))]
     proc = _launch([*cmd, *DYNAMIC, f"run_dir={run_dir}"], log)
-    assert proc.wait(timeout=1200) == 0, log.with_suffix(".err").read_text()[-3000:]
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, log.with_suffix(".err").read_text()[-3000:]
 
 
 @pytest.mark.slow
@@ -152,7 +153,7 @@ def test_sigkill_mid_round_of_dynamic_sampling_resumes_exactly(tmp_path):
     marker = tmp_path / "kill.paused"
     cmd = [sys.executable, str(PAUSE_AT), "round", str(step), str(marker), *DYNAMIC]
     proc = _launch([*cmd, f"run_dir={killed}"], tmp_path / "kill")
-    deadline = time.monotonic() + 1200
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), (tmp_path / "kill.err").read_text()[-3000:]
@@ -195,14 +196,14 @@ def test_sigkill_with_the_next_rollout_in_flight_resumes_exactly(tmp_path):
     straight = tmp_path / "straight"
     cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(tmp_path / "none.paused"), *ASYNC]
     proc = _launch([*cmd, f"run_dir={straight}"], tmp_path / "straight")
-    assert proc.wait(timeout=1200) == 0, (tmp_path / "straight.err").read_text()[-3000:]
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, (tmp_path / "straight.err").read_text()[-3000:]
     expected = _rows_by_step(straight)
 
     killed = tmp_path / "killed"
     marker = tmp_path / "kill.paused"
     cmd = [sys.executable, str(PAUSE_AT), "overlap", "3", str(marker), *ASYNC]
     proc = _launch([*cmd, f"run_dir={killed}"], tmp_path / "kill")
-    deadline = time.monotonic() + 1200
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), (tmp_path / "kill.err").read_text()[-3000:]
@@ -218,7 +219,7 @@ def test_sigkill_with_the_next_rollout_in_flight_resumes_exactly(tmp_path):
 
     cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(tmp_path / "none2.paused"), *ASYNC]
     proc = _launch([*cmd, f"run_dir={killed}"], tmp_path / "resume")
-    assert proc.wait(timeout=1200) == 0, (tmp_path / "resume.err").read_text()[-3000:]
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, (tmp_path / "resume.err").read_text()[-3000:]
     resumed = f"resumed from {killed / 'checkpoints' / 'step_000002'} at step 2"
     assert resumed in (tmp_path / "resume.out").read_text()
     got = _rows_by_step(killed)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 from test_loop_fake_actor import _trainer
 
 
@@ -57,7 +58,9 @@ def test_smoke_preset_with_kl_logs_a_growing_kl(tmp_path):
     # MASTER_PORT), and a launch that inherits them would join that port.
     dist = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in dist} | {"OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        cmd, cwd=root, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     kl = {r["step"]: r["update/kl_ref"] for r in rows if "update/kl_ref" in r}

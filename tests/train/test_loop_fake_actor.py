@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from fake_actor import FakeActor
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.config_loader import load_config
 from sparrow.tasks.rewards import GuardedReward
@@ -127,7 +128,7 @@ def test_the_loop_needs_no_deepspeed():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=600,
+        timeout=HANG_GUARD_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout

@@ -4,8 +4,8 @@ line, and the run resumes to exactly what an uninterrupted 2-rank run gives.
 Both ranks are started by scripts/launch_multinode.sh (torchrun, c10d rendezvous) on this host.
 Rank 1 is frozen by pause_at.py (PAUSE_AT_RANK=1) in the rollout or in the update of step 2 and
 killed there; rank 0 meanwhile waits in the step's next collective. The survivor must exit by
-itself, well within actor.collective_timeout_min (0.5 min here: gloo sees the dead peer's closed
-connection at once; a rank that hangs instead is given up after that timeout), with exit code 4
+itself (gloo sees the dead peer's closed connection at once; actor.collective_timeout_min, a hang
+guard from tests/hang_guard.py, would end a rank that hung instead), with exit code 4
 and a line saying a rank was lost and how to resume. Then:
 - in the rollout case (MAX_RESTARTS=0, torchrun's `--max-restarts`) the launcher fails, ending
   with the survivor's line and its exit code 4 (not torchrun's traceback and 1), and launching
@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import COLLECTIVE_GUARD_MIN, HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = ROOT / "tests" / "train" / "pause_at.py"
-TIMEOUT_MIN = 0.5
+TIMEOUT_MIN = COLLECTIVE_GUARD_MIN  # a 0.5 min one could trip on a rank still starting
 COMMON = [
     "preset=tiny",
     "rl.steps=3",
@@ -81,16 +82,16 @@ def _torchrun(run_dir: Path, phase: str, marker: Path, log: Path, restarts: int 
         )  # fmt: skip
 
 
-def _finish(proc: subprocess.Popen, log: Path, timeout: float = 900) -> int:
+def _finish(proc: subprocess.Popen, log: Path) -> int:
     try:
-        return proc.wait(timeout=timeout)
+        return proc.wait(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"torchrun did not finish:\n{log.read_text()[-4000:]}")
 
 
 def _kill_rank1_when_paused(proc, marker: Path, log: Path) -> None:
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     if not marker.exists():
@@ -137,7 +138,7 @@ def test_lost_rank_stops_the_survivor_and_the_run_resumes_exactly(tmp_path):
     marker = tmp_path / "rollout.paused"
     proc = _torchrun(killed, "rollout", marker, log)
     _kill_rank1_when_paused(proc, marker, log)
-    # The survivor's code, not torchrun's 1; stopped by the collective timeout, not hung (_finish).
+    # The survivor's code, not torchrun's 1; it saw the loss itself, not hung (_finish).
     assert _finish(proc, log) == 4, log.read_text()[-4000:]
     line = _survivor_line(log, killed, copies=2)
     # The launcher ends with that line, not torchrun's traceback and failure table.

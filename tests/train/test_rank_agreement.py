@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from hang_guard import HANG_GUARD_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 CHECK = textwrap.dedent(
@@ -120,7 +122,7 @@ def test_two_gloo_ranks_agree():
         for rank in range(2)
     ]
     try:
-        outs = [p.communicate(timeout=120) for p in procs]
+        outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.train.run.checkpoint import verify
 
@@ -39,7 +40,7 @@ def _signal_when_paused(phase: str, run_dir: Path, log: Path, sig=signal.SIGTERM
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
         )
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     if not marker.exists():
@@ -47,7 +48,7 @@ def _signal_when_paused(phase: str, run_dir: Path, log: Path, sig=signal.SIGTERM
         pytest.fail(f"never reached {phase}: {log.with_suffix('.err').read_text()[-3000:]}")
     os.kill(proc.pid, sig)
     try:
-        code = proc.wait(timeout=120)
+        code = proc.wait(timeout=HANG_GUARD_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -57,7 +58,9 @@ def _signal_when_paused(phase: str, run_dir: Path, log: Path, sig=signal.SIGTERM
 def _train(run_dir: Path, marker: Path) -> subprocess.CompletedProcess:
     """An uninterrupted launch (pause_at.py registers the test_length reward)."""
     cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(marker), *COMMON, f"run_dir={run_dir}"]
-    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

@@ -12,6 +12,7 @@ import struct
 import time
 from pathlib import Path
 
+from hang_guard import HANG_GUARD_S
 from wandb.proto import wandb_internal_pb2
 
 _BLOCK = 32 * 1024
@@ -66,10 +67,10 @@ def logged_steps(run_dir: Path) -> dict[int, dict]:
     return steps
 
 
-def wait_until_written(run_dir: Path, timeout_s: float = 60.0) -> None:
+def wait_until_written(run_dir: Path) -> None:
     """Wait until every offline run under run_dir/wandb holds its exit record and stops growing:
     wandb's service may still be writing when finish() has returned (seen on the loaded VM)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + HANG_GUARD_S
     for file in Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb"):
         size = -1
         while time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hang_guard import HANG_GUARD_S
 from tensorboard.backend.event_processing import event_accumulator
 
 from sparrow.train.logs.metrics_logger import (
@@ -138,7 +139,7 @@ def test_sigkill_and_resume_keep_each_step_once_in_tensorboard(tmp_path):
     for i, (phase, step) in enumerate([("checkpoint", 2), ("rollout", 3)]):
         log = tmp_path / f"launch{i}"
         proc = _launch(run_dir, log, phase, step)
-        deadline = time.monotonic() + 1800  # a hang guard only
+        deadline = time.monotonic() + HANG_GUARD_S  # a hang guard only
         paused = log.with_suffix(".paused")
         while not paused.exists() and time.monotonic() < deadline:
             assert proc.poll() is None, log.with_suffix(".err").read_text()[-3000:]
@@ -147,7 +148,7 @@ def test_sigkill_and_resume_keep_each_step_once_in_tensorboard(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     final = _launch(run_dir, tmp_path / "final", "none", 0)
-    assert final.wait(timeout=600) == 0, (tmp_path / "final.err").read_text()[-3000:]
+    assert final.wait(timeout=HANG_GUARD_S) == 0, (tmp_path / "final.err").read_text()[-3000:]
 
     # Step 2 was logged by the first launch and redone by the second: TensorBoard keeps the
     # second's numbers only, like metrics.jsonl.

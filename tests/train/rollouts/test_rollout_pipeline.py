@@ -6,6 +6,7 @@ finished draw not yet taken survives a checkpoint round trip."""
 import threading
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.config_loader import ConfigError, load_config, python_key
 from sparrow.train.rollouts.drawn import DrawnStep
@@ -22,12 +23,13 @@ def test_the_draw_runs_while_the_caller_goes_on():
 
     def draw(step: int) -> DrawnStep:
         started.set()
-        assert release.wait(30), "the caller never released the draw"
+        assert release.wait(HANG_GUARD_S), "the caller never released the draw"
         return _drawn(step)
 
     pipeline = RolloutPipeline(draw)
     pipeline.submit(3)
-    assert started.wait(30)  # running in its own thread, though the caller has not waited yet
+    # Running in its own thread, though the caller has not waited yet.
+    assert started.wait(HANG_GUARD_S)
     assert pipeline.pending == 3
     release.set()  # the caller's work (the update) ends; only now can the draw finish
     assert pipeline.result(3).step == 3

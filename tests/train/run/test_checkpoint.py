@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 from tiny_lm import pg_loss_fn, rl_batch, tiny_causal_lm
 
 from sparrow.rl.actor import DenseActor
@@ -134,7 +135,7 @@ def test_sigkill_during_write_keeps_previous_checkpoint(tmp_path, where):
     try:
         assert writer.stdout.readline().strip() == "WRITING"
         writer.kill()  # SIGKILL mid-write
-        writer.wait(timeout=30)
+        writer.wait(timeout=HANG_GUARD_S)
     finally:
         writer.kill()
     assert (tmp_path / "step_000002.tmp").exists()

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.train.run.checkpoint import CHECKSUM_MAX_BYTES, MARKER, CheckpointManager
 
@@ -52,7 +53,9 @@ def test_same_size_corruption_of_a_large_file_is_caught(tmp_path, caplog, offset
 
 def _train(run_dir: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "sparrow.cli.train", *COMMON, f"run_dir={run_dir}"]
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
 
 
 def _rows(run_dir: Path) -> list[dict]:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.train.run.checkpoint import verify
 from sparrow.train.run.stop_in_loop import DUPLICATE_WINDOW_S
@@ -34,14 +35,14 @@ ENV = {k: v for k, v in os.environ.items() if k not in _DIST}
 ENV |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PAUSE_AT_GO": "1"}
 
 
-def _run(args: list[str], log: Path, timeout: float = 600) -> tuple[int, str, str]:
+def _run(args: list[str], log: Path) -> tuple[int, str, str]:
     proc = subprocess.run(
         [sys.executable, str(PAUSE_AT), *args],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=HANG_GUARD_S,
     )
     log.with_suffix(".err").write_text(proc.stderr)
     return proc.returncode, proc.stdout, proc.stderr
@@ -59,7 +60,7 @@ def _sigterm_in(phase: str, step: int, run_dir: Path, log: Path) -> tuple[int, s
             stderr=err,
             start_new_session=True,
         )
-    deadline = time.monotonic() + 400
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     if not marker.exists():
@@ -69,7 +70,7 @@ def _sigterm_in(phase: str, step: int, run_dir: Path, log: Path) -> tuple[int, s
     time.sleep(1.0)  # the handler runs while the process is still frozen in the phase
     marker.with_suffix(".go").touch()
     try:
-        code = proc.wait(timeout=400)
+        code = proc.wait(timeout=HANG_GUARD_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -124,7 +125,7 @@ def test_second_sigterm_exits_at_once(tmp_path):
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 400
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "timeout"
@@ -132,7 +133,7 @@ def test_second_sigterm_exits_at_once(tmp_path):
     time.sleep(DUPLICATE_WINDOW_S + 1.0)  # sooner, it would count as a copy of the first
     os.kill(proc.pid, signal.SIGTERM)  # never let go: only the second signal can end it
     try:
-        code = proc.wait(timeout=60)
+        code = proc.wait(timeout=HANG_GUARD_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from hang_guard import HANG_GUARD_S
+
 REPO = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent(
@@ -37,7 +39,7 @@ def test_copy_of_the_first_signal_is_not_a_second_request():
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,
     )
     assert "still running" in proc.stdout, proc.stderr[-2000:]
     assert "not reached" not in proc.stdout

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.train import main
 from sparrow.train.run.lock import FILE_NAME, RunDirBusy, RunDirLock
@@ -112,7 +113,7 @@ def test_two_launches_at_once_exactly_one_trains(tmp_path):
         subprocess.Popen(cmd, cwd=REPO, env=_env(), stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
-    results = [(p.pid, p.wait(timeout=900), p.stderr.read()) for p in procs]
+    results = [(p.pid, p.wait(timeout=HANG_GUARD_S), p.stderr.read()) for p in procs]
     print(f"two launches: {time.monotonic() - start:.0f} s")
     assert sorted(rc for _, rc, _ in results) == [0, 2], results
     (winner, _, _), (_, _, refusal) = sorted(results, key=lambda r: r[1])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 from torch import nn
 
 from sparrow.train.run.checkpoint import verify
@@ -56,7 +57,7 @@ def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=HANG_GUARD_S,
     )
 
 
