@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import CHILD_GUARD_S, HANG_GUARD_S
 
 from sparrow.distributed import lost_peer
 
@@ -33,14 +34,17 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 from sparrow.distributed import lost_peer
 
-dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+# Joining waits for the other rank's start-up (a hang guard); the collective under test runs in a
+# group of its own whose 3 s timeout is what "hangs" must meet.
+dist.init_process_group("gloo", timeout=timedelta(seconds=float(sys.argv[2])))
+group = dist.new_group(timeout=timedelta(seconds=3))
 if dist.get_rank() == 1:
     if sys.argv[1] == "dies":
         os._exit(9)
     time.sleep(8)  # hangs past the 3 s timeout: rank 0 gives up first
     os._exit(0)
 try:
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1), group=group)
 except RuntimeError as err:
     print("lost_peer", lost_peer(err), flush=True)
     os._exit(0)
@@ -57,7 +61,10 @@ def test_a_collective_with_a_dead_or_silent_peer_is_a_lost_peer(tmp_path, how):
     # in one CI run the survivor was killed before it printed.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     cmd += ["--monitor-interval", "5", "--master_port", str(_free_port()), str(script), how]
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    cmd += [str(CHILD_GUARD_S)]
+    done = subprocess.run(
+        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert "lost_peer True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
 
