@@ -10,10 +10,10 @@ in a rollout rank, tripped while its training ranks were still starting, failed 
 - `HANG_GUARD_S`, 30 min: a test's wait on a child process or on a polled condition. A single
   such wait in the default suite takes at most a few minutes alone on the 2-core VM; the guard is
   over 10x that, and still ends a real hang within the hour.
-- `COLLECTIVE_GUARD` (a timedelta), half of it: a collective or store a child process waits in,
-  so that the child's own error, naming what it waited for, comes before the test gives up on it.
-  `COLLECTIVE_GUARD_MIN` is the same in minutes, for `actor.collective_timeout_min=` and
-  `cluster.bridge_timeout_min=` overrides.
+- `CHILD_GUARD_S`, half of it: a wait inside a child process (a collective, a store, a poll), so
+  that the child's own error, naming what it waited for, comes before the test gives up on it.
+  `COLLECTIVE_GUARD` is the same as a timedelta, `COLLECTIVE_GUARD_MIN` in minutes (for
+  `actor.collective_timeout_min=` and `cluster.bridge_timeout_min=` overrides).
 
 A slow (`-m slow`) case that runs for longer than a few minutes alone waits a stated multiple of
 `HANG_GUARD_S`. `SPARROW_TEST_HANG_GUARD_S` (seconds) replaces the 30 min: larger on a much slower
@@ -27,5 +27,6 @@ import os
 from datetime import timedelta
 
 HANG_GUARD_S = float(os.environ.get("SPARROW_TEST_HANG_GUARD_S", "1800"))
-COLLECTIVE_GUARD = timedelta(seconds=HANG_GUARD_S / 2)
-COLLECTIVE_GUARD_MIN = COLLECTIVE_GUARD.total_seconds() / 60
+CHILD_GUARD_S = HANG_GUARD_S / 2
+COLLECTIVE_GUARD = timedelta(seconds=CHILD_GUARD_S)
+COLLECTIVE_GUARD_MIN = CHILD_GUARD_S / 60
