@@ -6,6 +6,7 @@
     sparrow-bench dense-shared [--help]       dense decode of one prompt's samples: kernel vs copies
     sparrow-bench distill-attention [--help]  DistillSparse's sparse attention: memory, time
     sparrow-bench kernel [--help]             paged sparse vs dense decode: time, bytes, HBM
+    sparrow-bench kernel-check [--help]       each decode-step Triton kernel against torch
     sparrow-bench pipeline [--help]           GRPO steps at staleness 0 vs 1: overlap, ratio
     sparrow-bench prefix [--help]             few-shot prompts, shared prefix on vs off
     sparrow-bench push [--help]               weight push to a rollout rank vs colocated sync
@@ -30,6 +31,7 @@ COMMANDS = {
     "dense-shared": "sparrow.bench.dense_shared",  # one prompt's samples: shared pages vs copies
     "distill-attention": "sparrow.bench.distill_attention",  # DistillSparse attention: memory, time
     "kernel": "sparrow.bench.kernel",  # paged sparse vs dense decode: time, bytes, HBM fraction
+    "kernel-check": "sparrow.bench.kernel_check",  # each decode-step kernel against its reference
     "pipeline": "sparrow.bench.pipeline",  # GRPO steps at staleness 0 vs 1: overlap, step ratio
     "prefix": "sparrow.bench.prefix",  # generate on few-shot prompts, shared prefix on vs off
     "push": "sparrow.bench.push",  # the weight push per bucket size vs the colocated sync

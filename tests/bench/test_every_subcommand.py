@@ -88,6 +88,12 @@ TINY: dict[str, list[Run]] = {
             "*.sparse_ms *.dense_ms *.speedup *.sparse_bytes *.dense_bytes",
         ),
     ],
+    "kernel-check": [  # docs/gpu/README.md: the kernels stage's numeric check
+        Run(
+            "kernel-check --dtypes bfloat16 --json JSON_PATH",
+            "checks.*.ok checks.*.max_abs_err checks.*.mismatched shapes.head_dim seed",
+        ),
+    ],
     "pipeline": [  # docs/pipeline/README.md: steps at staleness 0 vs 1, overlap, step ratio
         Run(
             "pipeline --steps 2 --json JSON_PATH preset=tiny",
