@@ -11,9 +11,10 @@
 #   bash scripts/gpu_wheels.sh --stamp                 # only (re)write wheels/COMMIT
 #
 # Either way it writes $DEST/COMMIT (JSON: the commit the tree is at, whether tracked files
-# differ from it, when): the device gets no .git, so scripts/gpu_check.sh stamps its results
-# from this file. Run it (--stamp is enough) right before each device call that carries the
-# folder.
+# differ from it, when, and the fingerprint of the files that travel, scripts/gpu_bundle.py):
+# the device gets no .git, so scripts/gpu_check.sh stamps its results from this file, and says
+# whether the tree that ran is the one it was written for. Run it (--stamp is enough) right
+# before each device call that carries the folder.
 #
 # Left out on purpose: datasets (pulls pyarrow + pandas, > 60 MiB; only data=hf_dataset reads
 # it, not the GPU check's arithmetic tasks).
@@ -42,8 +43,7 @@ mkdir -p "$DEST"
 COMMIT="$(git rev-parse HEAD)"
 DIRTY=false
 [ -z "$(git status --porcelain --untracked-files=no)" ] || DIRTY=true
-printf '{"commit": "%s", "dirty": %s, "stamped_at": "%s"}\n' "$COMMIT" "$DIRTY" \
-    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$DEST/COMMIT"
+"$PY" scripts/gpu_bundle.py stamp "$DEST/COMMIT" "$COMMIT" "$DIRTY"
 echo "stamped $DEST/COMMIT: $(cat "$DEST/COMMIT")"
 [ "$STAMP_ONLY" = 0 ] || exit 0
 
