@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.config_loader import ConfigError, load_config
 from sparrow.cli.moved_keys import without_moved_keys
@@ -52,7 +53,11 @@ def test_disagreeing_knobs_are_refused_at_load(override, message):
 def test_a_bad_loss_knob_on_smoke_is_one_line_at_load(tmp_path):
     cmd = [sys.executable, "-m", "sparrow.cli.train", "preset=smoke", "rl.loss.kl_estimator=k2"]
     out = subprocess.run(
-        [*cmd, f"run_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [*cmd, f"run_dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

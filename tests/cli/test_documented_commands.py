@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 import sparrow.cli.config_loader as config_loader
 from sparrow.bench.cli import COMMANDS
@@ -333,6 +334,8 @@ def test_documented_information_command_runs(command, tmp_path):
         words[0] = sys.executable
     else:
         words[0] = str(Path(sys.executable).with_name(words[0]))
-    done = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"
     assert done.stdout.strip(), f"{command} printed nothing"

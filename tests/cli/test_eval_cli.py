@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.eval_policy import main
 from sparrow.rollout.engine import LLMEngine
@@ -43,7 +44,7 @@ def tiny_run(tmp_path_factory) -> tuple[Path, re.Match]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=HANG_GUARD_S,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     (last,) = [m for m in map(_EVAL_LINE.search, out.stdout.splitlines()) if m]

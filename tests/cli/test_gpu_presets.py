@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.config_loader import load_config
 from sparrow.models.model_config import read_model_config
@@ -28,7 +29,9 @@ def _train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     # An empty HF cache: no weights, configs or tokenizers on disk, and no network.
     env |= {"HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "HF_HOME": str(tmp_path / "hf")}
     cmd = [sys.executable, "-m", "sparrow.cli.train", f"run_dir={tmp_path / 'run'}", *overrides]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
 
 
 @pytest.mark.parametrize("preset", PRESETS)

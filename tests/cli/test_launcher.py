@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from sparrow.cli.errors import stop_line
@@ -77,7 +78,7 @@ def test_launcher_ends_a_lost_rank_run_with_sparrows_line(tmp_path, how, rank1):
     cmd = ["bash", str(ROOT / "scripts" / "launch_multinode.sh"), str(tmp_path / "died"), how]
     done = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=600,  # a hang guard only
+        timeout=HANG_GUARD_S,
     )  # fmt: skip
     lines = done.stdout.rstrip().splitlines()
     assert done.returncode == 4, done.stdout[-3000:]  # the survivor's code: a rank was lost

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hang_guard import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[2]
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
@@ -15,7 +17,9 @@ def _train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     # An empty HF cache: no weights or configs on disk, and no network.
     env |= {"HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "HF_HOME": str(tmp_path / "hf")}
     cmd = [sys.executable, "-m", "sparrow.cli.train", f"run_dir={tmp_path / 'run'}", *overrides]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
 
 
 def test_dry_run_plans_a_hub_model_offline_from_its_config(tmp_path):

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[2]
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
@@ -81,13 +82,13 @@ def test_readme_command_runs_to_completion(command, tmp_path):
     if args[0] in ("sparrow-report", "sparrow-eval"):  # the default run's metrics and policy,
         subprocess.run([sys.executable, "-m", "sparrow.cli.train", "preset=smoke",  # 2 steps
                         f"run_dir={tmp_path / 'runs/default'}"], cwd=tmp_path, env=env,
-                       check=True, capture_output=True)  # fmt: skip
+                       check=True, capture_output=True, timeout=HANG_GUARD_S)  # fmt: skip
         args = [args[0], str(tmp_path / "runs/default")]
     if args[0] == "sparrow-calibrate":
         args += ["--out", str(tmp_path / "calibrate")]
     script = Path(sys.executable).with_name(args[0])
     out = subprocess.run([str(script), *args[1:]], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=3600)  # fmt: skip
+                         text=True, timeout=2 * HANG_GUARD_S)  # fmt: skip
     assert out.returncode == 0, f"{command}: {out.stderr[-2000:]}"
     if args[0] == "sparrow-eval":  # the exported policy's accuracy, with its interval
         assert re.fullmatch(r"accuracy [\d.]+ \(95% CI [\d.]+-[\d.]+, n=\d+\)\n", out.stdout)

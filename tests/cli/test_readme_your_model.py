@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 from test_documented_commands import Command, extract
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def test_the_block_runs_as_written(tmp_path):
     for command in commands:  # in order: sparrow-eval reads the run the block trained
         script = Path(sys.executable).with_name(command.program)
         out = subprocess.run([str(script), *command.args], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=3600)  # fmt: skip
+                             capture_output=True, text=True, timeout=2 * HANG_GUARD_S)  # fmt: skip
         shown = shlex.join(command.words)
         assert out.returncode == 0, f"{shown}: {out.stderr[-2000:]}"
         _check(command, out.stdout, tmp_path)

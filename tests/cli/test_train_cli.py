@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[2]
 # An in-process DenseActor earlier in the session exports these (torch.distributed env init);
@@ -34,7 +35,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_print_composed_config():
-    out = _train("preset=tiny", "--cfg", "job", timeout=120)
+    out = _train("preset=tiny", "--cfg", "job", timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     assert "name: tiny-qwen3" in out.stdout and "steps: 2" in out.stdout
 
@@ -48,7 +49,7 @@ def test_print_composed_config():
     ],
 )
 def test_bad_override_is_one_line_error(override, expected):
-    out = _train(override, timeout=120)
+    out = _train(override, timeout=HANG_GUARD_S)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], out.stderr
@@ -56,7 +57,7 @@ def test_bad_override_is_one_line_error(override, expected):
 
 def test_smoke_preset_two_steps_end_to_end(tmp_path):
     # ~20 s alone on the 2-core VM; the timeout is a hang guard only.
-    out = _train("preset=smoke", f"run_dir={tmp_path}", timeout=900)
+    out = _train("preset=smoke", f"run_dir={tmp_path}", timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the evaluation before training
@@ -82,7 +83,7 @@ def test_smoke_preset_two_steps_end_to_end(tmp_path):
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     common = ["preset=tiny", "rl.steps=4", "rl.save_every=2", "rl.eval.every=0"]
     straight = tmp_path / "straight"
-    out = _train(*common, f"run_dir={straight}", timeout=600)
+    out = _train(*common, f"run_dir={straight}", timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr[-3000:]
 
     killed = tmp_path / "killed"
@@ -95,7 +96,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     marker = killed / "checkpoints" / "step_000002" / "COMPLETE"
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + HANG_GUARD_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), "the first checkpoint never appeared"
@@ -104,7 +105,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     proc.wait()
     assert not (killed / "checkpoints" / "step_000004").exists()
 
-    out = _train(*common, f"run_dir={killed}", "resume=auto", timeout=600)
+    out = _train(*common, f"run_dir={killed}", "resume=auto", timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step_000002 at step 2" in out.stdout
     expected, got = _losses(straight), _losses(killed)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.train import main
 from sparrow.train.run.checkpoint import CheckpointManager
@@ -112,7 +113,7 @@ def _in_private_mount(tmp_path: Path, mount_opts: str, cmd: list[str]):
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_GUARD_S,
     )
 
 
@@ -141,7 +142,7 @@ def test_bench_help_is_real_help():
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0, proc.stderr
     from sparrow.bench.cli import COMMANDS
