@@ -12,6 +12,7 @@ import logging
 import socket
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.train.logs.metrics_logger import LoggerConfig, MetricsLogger, WandbConfig
 
@@ -34,8 +35,8 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def _log_and_close(run_dir) -> dict:
-    cfg = LoggerConfig(wandb=WandbConfig(mode="online", init_timeout_s=5.0))
+def _log_and_close(run_dir, init_timeout_s: float = HANG_GUARD_S) -> dict:
+    cfg = LoggerConfig(wandb=WandbConfig(mode="online", init_timeout_s=init_timeout_s))
     logger = MetricsLogger(cfg, run_dir, {"lr": 1e-5})
     run = logger._wandb.run
     assert run is not None and run.settings.mode == "offline"
@@ -56,7 +57,9 @@ def test_online_without_network_logs_offline_with_a_warning(wandb_env, tmp_path,
     wandb_env.setenv("WANDB_API_KEY", "0" * 40)
     wandb_env.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
     with caplog.at_level(logging.WARNING, logger=WARNING_LOGGER):
-        row = _log_and_close(tmp_path / "run")
+        # The online attempt is what init_timeout_s bounds (wandb retries a refused connection
+        # until then); without a key there is none, and the offline init only has the guard.
+        row = _log_and_close(tmp_path / "run", init_timeout_s=5.0)
     assert "W&B online init failed" in caplog.text and "logging offline instead" in caplog.text
     assert row == {"step": 1, "loss/loss": 0.5}
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
