@@ -82,17 +82,21 @@ def differing_keys(
 
 
 def absolute_path(key: str, value: Any) -> Any:
-    """`value` of `key` (one of PATH_KEYS) with a local path made absolute from the current
-    directory; a hub dataset, the embedded "tasks", a package.module:function or None as it is."""
+    """`value` of `key` (one of PATH_KEYS) with the path of an existing local file or directory
+    made absolute from the current directory; anything else as it is: a hub dataset, the
+    embedded "tasks", a package.module:function, None, and a missing file (whose error then names
+    it as the user typed it)."""
     if not isinstance(value, str):
         return value
     if key == "rl.reward.function":
         # A file is what sparrow/tasks/user_reward.py imports as one: it ends in .py or has a '/'.
         source, colon, name = value.rpartition(":")
-        if colon and (source.endswith(".py") or "/" in source):
-            return f"{os.path.abspath(os.path.expanduser(source))}:{name}"
+        path = os.path.expanduser(source)
+        if colon and (source.endswith(".py") or "/" in source) and os.path.exists(path):
+            return f"{os.path.abspath(path)}:{name}"
         return value
-    return os.path.abspath(os.path.expanduser(value)) if is_local(value) else value
+    path = os.path.expanduser(value)
+    return os.path.abspath(path) if is_local(value) and os.path.exists(path) else value
 
 
 def check_resume(

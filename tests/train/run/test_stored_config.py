@@ -100,20 +100,21 @@ def test_local_paths_are_stored_absolute_and_an_older_relative_one_still_resumes
     tmp_path, monkeypatch
 ):
     """The CLI stores a relative reward file or data file resolved (sparrow-eval reads the run dir
-    from anywhere); a module reward or a hub dataset is left as it is; a run dir stored with the
-    relative form resumes from the directory it meant."""
+    from anywhere); a module reward, a hub dataset or a missing file (its error names it as typed)
+    is left as it is; a run dir stored with the relative form resumes from the directory it
+    meant."""
     from sparrow.cli.config_loader import load_config
     from sparrow.train.run.stored_config import differing_keys
 
     (tmp_path / "r.py").write_text("def score(prompt, completion, reference):\n    return 0.0\n")
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1 + 1?", "answer": "2"}\n')
     monkeypatch.chdir(tmp_path)
     relative = ["data=jsonl", "data.source=d.jsonl", "rl.reward.function=r.py:score"]
     cfg = load_config([*relative, "data.eval_source=openai/gsm8k"])
     assert cfg.rl.reward.function == f"{tmp_path}/r.py:score"
     assert (cfg.data.source, cfg.data.eval_source) == (f"{tmp_path}/d.jsonl", "openai/gsm8k")
-    assert load_config(["rl.reward.function=my_pkg.rewards:score"]).rl.reward.function == (
-        "my_pkg.rewards:score"
-    )
+    for kept in ("my_pkg.rewards:score", "missing.py:score"):  # a missing file: as typed
+        assert load_config([f"rl.reward.function={kept}"]).rl.reward.function == kept
     older = asdict(cfg)
     older["data"]["source"], older["rl"]["reward"]["function"] = "d.jsonl", "r.py:score"
     assert differing_keys(older, asdict(cfg)) == []
