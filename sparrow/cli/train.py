@@ -8,13 +8,14 @@
 Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
 
 Exit codes: 0 done; 2 bad input (config, data, model, reward function, paths, disk, a run dir
-whose config or checkpoint does not match), one line on stderr naming the key or path, or a run
-dir that another live run holds (naming its host, pid and start time); 3 training stopped on
-non-finite updates or weights, one line naming the last good checkpoint; 4 a rank was lost (a
-collective failed: another rank died or did not answer within actor.collective_timeout_min), one
-line saying how to resume; 128 + signal after SIGTERM/SIGINT, once the step in flight is finished
-and checkpointed (a second signal exits at once; before the first step and during the final export
-it stops at once). resume=auto (the default) continues from the newest complete checkpoint.
+whose config or checkpoint does not match, or that holds files no sparrow run wrote), one line on
+stderr naming the key or path, or a run dir that another live run holds (naming its host, pid and
+start time); 3 training stopped on non-finite updates or weights, one line naming the last good
+checkpoint; 4 a rank was lost (a collective failed: another rank died or did not answer within
+actor.collective_timeout_min), one line saying how to resume; 128 + signal after SIGTERM/SIGINT,
+once the step in flight is finished and checkpointed (a second signal exits at once; before the
+first step and during the final export it stops at once). resume=auto (the default) continues
+from the newest complete checkpoint.
 """
 
 import logging
@@ -70,13 +71,16 @@ def _train(argv: list[str] | None) -> int:
     _check_user_reward(cfg.rl.reward)
 
     from sparrow.train.run.lock import RunDirBusy, RunDirLock
+    from sparrow.train.run.run_dir import RunDirRefused, check_run_dir
 
-    # One run per run dir, locked before anything is written there; rank 0 holds it for all.
+    # One run per run dir, locked before anything is written there; rank 0 holds it for all,
+    # once the dir is one a run may write into (not another's files, a file or a checkout).
     lock = RunDirLock(cfg.run_dir)
     if int(os.environ.get("RANK", "0")) == 0:
         try:
+            check_run_dir(cfg.run_dir, cfg.run_dir_reuse)
             lock.acquire()
-        except RunDirBusy as err:
+        except (RunDirRefused, RunDirBusy) as err:
             raise UserError(one_line(err)) from err
     try:
         return _run_or_lost_rank(cfg, _pinned(argv))

@@ -239,6 +239,10 @@ class SparrowConfig:
     # refuse: resuming a run dir whose stored config differs in a key that changes the run
     # (model, data, batch shape, optimizer, loss) stops with the list; allow: resume anyway.
     resume_mismatch: str = "refuse"
+    # refuse: a run_dir that is no sparrow run's but holds files under the names a run writes
+    # (metrics.jsonl, run_config.json, checkpoints/, policy/, ...) stops at start-up naming them;
+    # allow: train there anyway, overwriting them (sparrow/train/run/run_dir.py).
+    run_dir_reuse: str = "refuse"
     # Print the plan and the memory plan per phase, stop before training: model and data loaded
     # when the model is on disk, else from its config alone (sparrow/models/model_config.py).
     dry_run: bool = False
@@ -251,6 +255,8 @@ class SparrowConfig:
             )
         if self.resume_mismatch not in ("refuse", "allow"):
             raise ValueError(f"resume_mismatch={self.resume_mismatch!r}: expected refuse or allow")
+        if self.run_dir_reuse not in ("refuse", "allow"):
+            raise ValueError(f"run_dir_reuse={self.run_dir_reuse!r}: expected refuse or allow")
         eng = self.rollout.engine
         if eng.num_pages < 1 or eng.page_size < 1:
             raise ValueError(
