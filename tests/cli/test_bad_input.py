@@ -128,11 +128,11 @@ def test_bad_dataset_is_one_line_naming_it(capsys, tmp_path, case, expected):
     assert expected.format(dir=tmp_path) in _one_error_line(capsys, argv)
 
 
-def test_unparsable_file_is_one_line_with_the_parser_error(tmp_path):
-    # A real process: datasets logs the parse failure through its own handler, which captured
-    # streams of earlier in-process tests would break.
+def test_unparsable_file_is_one_line_naming_its_line_row_and_reason(tmp_path):
+    # A real process: datasets would log the parse failure through its own handler, which
+    # captured streams of earlier in-process tests would break.
     broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"prompt": "a", "answer": \n{{{\n')
+    broken.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": \n{{{\n')
     cmd = [sys.executable, "-m", "sparrow.cli.train", *TINY, f"run_dir={tmp_path / 'run'}"]
     cmd += ["data=jsonl", f"data.source={broken}"]
     # A fresh single-process run: drop the rendezvous variables of the in-process trainers.
@@ -147,11 +147,12 @@ def test_unparsable_file_is_one_line_with_the_parser_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in dist_vars}
     env |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"sparrow-train: error: could not load dataset '{broken}'")
-    # The parser's own complaint, not only datasets' "An error occurred while generating".
-    assert "Expected object or value" in last or "JSON parse error" in last
+    assert out.returncode == 2, out.stderr
+    # The whole of stderr: no progress bar, no log line of datasets' above it (issue 61 item 10).
+    assert out.stderr == (
+        f"sparrow-train: error: {broken} line 2 (row 1) is not JSON (Expecting value: column "
+        "27): fix or remove that line\n"
+    )
 
 
 def test_tokenizer_without_chat_template_is_one_line(capsys, tmp_path):

@@ -1,6 +1,9 @@
 """Prompt datasets: sources, column mapping, templating, length filter, errors, resumption."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -106,6 +109,57 @@ def test_empty_dataset_and_missing_file_errors_name_them(tokenizer, tmp_path):
         load_prompts(DataConfig(source=str(tmp_path / "nope.parquet")), tokenizer)
     with pytest.raises(DataError, match="is empty"):
         load_prompts(_tasks(num_examples=0), tokenizer)
+
+
+# Files datasets/Arrow refuse in their own words, logging an error first (issue 61 item 10).
+_UNREADABLE = {
+    "blank.jsonl": (b"\n\n  \n", "dataset {} (split 'train') is empty: it holds only blank lines"),
+    "utf16.jsonl": (
+        '{"prompt": "2 + 2?", "answer": "4"}\n'.encode("utf-16"),
+        "{} line 1 (row 0), byte 1 (0xff) is not UTF-8 text (it starts with a UTF-16 "
+        "byte-order mark: UTF-16 text): save the file as UTF-8",
+    ),
+    "utf16le.jsonl": (
+        '{"prompt": "2 + 2?", "answer": "4"}\n'.encode("utf-16-le"),
+        "{} line 1 (row 0) holds NUL bytes: is it UTF-16 text? save the file as UTF-8",
+    ),
+    "cut.jsonl": (
+        b'{"prompt": "2 + 2?", "answer": "4"}\n\n{"prompt": "3 + 3?", "ans',
+        "{} line 3 (row 1) is not JSON (Unterminated string starting at: column 22): fix or "
+        "remove that line",
+    ),
+    "cut.json": (
+        b'[{"prompt": "2 + 2?",\n  "answer": "4"\n',
+        "{} is not JSON (Expecting ',' delimiter: line 3 column 1): fix it",
+    ),
+}
+
+
+def test_unreadable_file_is_named_with_line_row_and_reason_and_nothing_else(tmp_path):
+    """In a fresh process (datasets' log handler holds the stderr it was first given): each
+    file's DataError in sparrow's words, and not a byte on stderr (no progress bar, no log)."""
+    for name, (content, _) in _UNREADABLE.items():
+        (tmp_path / name).write_bytes(content)
+    script = (
+        "import sys\n"
+        "from sparrow.tasks.data import DataConfig, DataError\n"
+        "from sparrow.tasks.data_sources import load_rows\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        load_rows(DataConfig(source=path))\n"
+        "    except DataError as err:\n"
+        "        print(err)\n"
+    )
+    paths = [str(tmp_path / name) for name in _UNREADABLE]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run(
+        [sys.executable, "-c", script, *paths], env=env, capture_output=True, timeout=300
+    )
+    assert out.returncode == 0 and out.stderr == b"", out.stderr.decode(errors="replace")
+    expected = [
+        line.format(path) for path, (_, line) in zip(paths, _UNREADABLE.values(), strict=True)
+    ]
+    assert out.stdout.decode().splitlines() == expected
 
 
 def test_blank_prompt_is_skipped_and_a_malformed_message_is_reported_with_its_row(
