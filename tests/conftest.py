@@ -18,6 +18,7 @@ import torch
 if not torch.cuda.is_available():  # importing torch does not import triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from hang_guard import HANG_GUARD_S  # noqa: E402
 from tiny_lm import random_model  # noqa: E402
 
 from sparrow.models.loading import (  # noqa: E402
@@ -71,6 +72,8 @@ def smoke_run(tmp_path_factory):
     cmd = [sys.executable, "-m", "sparrow.cli.train", "preset=smoke", f"run_dir={run_dir}"]
     cmd += ["monitor.speedup_every=1", "logger.tensorboard.enabled=true"]
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        cmd, cwd=root, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir

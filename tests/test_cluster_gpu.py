@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import CHILD_GUARD_S, HANG_GUARD_S
 
 from sparrow.cluster import dumps, loads
 
@@ -38,7 +39,7 @@ CHECK = textwrap.dedent(
 
     gpu = torch.device("cuda", 0)
     torch.cuda.set_device(gpu)
-    timeout = timedelta(seconds=60)
+    timeout = timedelta(seconds=float(sys.argv[2]))  # CHILD_GUARD_S
     store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 1, is_master=True, timeout=timeout)
     link = Link(_group("nccl", store, "push", 0, 1, timeout), 0, 1, gpu)
     t = torch.arange(5, dtype=torch.float32, device=gpu)
@@ -73,11 +74,11 @@ def test_a_link_over_nccl_broadcasts_gathers_and_pushes_cuda_tensors():
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE"}}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-c", CHECK, str(port)],
+        [sys.executable, "-c", CHECK, str(port), str(CHILD_GUARD_S)],
         env=env,
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 PKG = Path(__file__).resolve().parents[1] / "sparrow"
 
@@ -443,7 +444,7 @@ def _pulled_in(modules: list[str], path: Path | None = None) -> list[str]:
     paths = [str(PKG.parent), *([str(path)] if path else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S
     )
     assert done.returncode == 0, done.stderr[-2000:]
     heavy = done.stdout.strip().splitlines()[-1].removeprefix("heavy:")

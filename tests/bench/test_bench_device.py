@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 from sparrow.bench import device as bench_device_module
 from sparrow.bench.cli import COMMANDS
@@ -29,7 +30,7 @@ def planted():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
-        [sys.executable, str(CHILD)], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, str(CHILD)], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

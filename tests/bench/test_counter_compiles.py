@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.kernels.aot import backend_available
 
@@ -43,7 +44,7 @@ def test_a_kernel_compiles_for_sm90_while_its_launches_are_counted(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env |= {"TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_DEFAULT_FP_FUSION": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])

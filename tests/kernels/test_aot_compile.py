@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.bench.kernel_aot import aot_variants, preset_shapes
 from sparrow.kernels.aot import backend_available
@@ -31,7 +32,7 @@ def test_every_variant_compiles_for_hopper_without_spills(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     cmd = [sys.executable, "-m", "sparrow.bench.cli", "kernel", "--aot", "--json", str(path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert path.exists(), done.stdout + done.stderr
     rows = json.loads(path.read_text())
     keys = [{k: r[k] for k in v.row()} for r, v in zip(rows, aot_variants(), strict=True)]
