@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from hang_guard import HANG_GUARD_S
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -153,7 +154,7 @@ def test_unreadable_file_is_named_with_line_row_and_reason_and_nothing_else(tmp_
     paths = [str(tmp_path / name) for name in _UNREADABLE]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
     out = subprocess.run(
-        [sys.executable, "-c", script, *paths], env=env, capture_output=True, timeout=300
+        [sys.executable, "-c", script, *paths], env=env, capture_output=True, timeout=HANG_GUARD_S
     )
     assert out.returncode == 0 and out.stderr == b"", out.stderr.decode(errors="replace")
     expected = [

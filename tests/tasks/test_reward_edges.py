@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.tasks.reward_guard import GuardedReward, score_batch
 from sparrow.tasks.reward_result import RewardResult
@@ -75,7 +76,9 @@ def test_a_batched_call_has_timeout_s_per_completion_of_its_batch():
     assert batch.stats.timeouts == 0, batch.stats.last_error
     assert batch.scores.tolist() == [1.0] * N and batch.stats.calls == N
     # Past the batch's deadline it is a timeout (the abandoned thread is released at the end).
-    stuck = GuardedReward(lambda p, c, r: released.wait(600), "stuck", TIMEOUT_S, batched=True)
+    stuck = GuardedReward(
+        lambda p, c, r: released.wait(HANG_GUARD_S), "stuck", TIMEOUT_S, batched=True
+    )
     try:
         late = score_batch(stuck, ["q"] * 2, ["c"] * 2, ["r"] * 2)
     finally:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 from sparrow.tasks.math_verifier import MathVerifier, extract_answer, extract_boxed
 from sparrow.tasks.rewards import (
@@ -101,10 +102,10 @@ def test_hanging_expression_times_out_off_the_main_thread_and_is_counted(math_re
     def score_in_thread():
         outcome["result"] = math_reward("p", HANGING, "1/2")
 
-    # A hang guard only (the verify itself never returns): the timeout's effect is the result.
+    # The verify itself never returns: the timeout's effect is the result.
     worker = threading.Thread(target=score_in_thread, daemon=True)
     worker.start()
-    worker.join(120)
+    worker.join(HANG_GUARD_S)
     assert not worker.is_alive()
     assert outcome["result"].score == 0.0 and outcome["result"].extras == {"timeout": 1.0}
     assert math_reward.stats.timeouts == before + 1
@@ -117,19 +118,20 @@ def test_hanging_expression_times_out_off_the_main_thread_and_is_counted(math_re
 def test_sandbox_times_out_reports_errors_and_recovers():
     sandbox = Sandbox()
     try:
-        assert sandbox.call(operator.add, 2, 3, timeout_s=30) == 5  # includes worker start
+        # Cheap calls: their deadline is a hang guard (the worker's start is not charged to it).
+        assert sandbox.call(operator.add, 2, 3, timeout_s=HANG_GUARD_S) == 5
         sleeper = sandbox._worker.process
         with pytest.raises(SandboxTimeout):
             sandbox.call(time.sleep, 600, timeout_s=0.3)
         # The deadline killed the sleeping worker (a signal) rather than waiting for it.
         assert sleeper.poll() is not None and sleeper.returncode < 0
         with pytest.raises(SandboxError, match="ZeroDivisionError"):
-            sandbox.call(operator.truediv, 1, 0, timeout_s=30)
-        assert sandbox.call(operator.mul, 6, 7, timeout_s=30) == 42
+            sandbox.call(operator.truediv, 1, 0, timeout_s=HANG_GUARD_S)
+        assert sandbox.call(operator.mul, 6, 7, timeout_s=HANG_GUARD_S) == 42
         assert sandbox.num_restarts == 1
         sandbox._worker.process.kill()  # dies while idle: replaced without failing a call
         sandbox._worker.process.wait()
-        assert sandbox.call(operator.sub, 9, 2, timeout_s=30) == 7
+        assert sandbox.call(operator.sub, 9, 2, timeout_s=HANG_GUARD_S) == 7
         assert sandbox.num_restarts == 2
     finally:
         sandbox.close()
@@ -153,7 +155,7 @@ def test_slow_reward_hits_the_guard_deadline():
     finished = []
 
     def blocked(prompt, completion, reference):
-        release.wait(600)
+        release.wait(HANG_GUARD_S)
         finished.append(1)
         return 1.0
 
