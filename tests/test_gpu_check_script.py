@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -127,14 +128,14 @@ def test_gpu_results_files_a_bundle_and_regenerates_the_table(tmp_path):
     (returned / "kernels.json").write_text(json.dumps(bundle("a" * 40, runs)))
     (returned / "kernels.log").write_text("a log stays out of the tree\n")
     script = [str(ROOT / "scripts/gpu_results.sh"), str(returned), "--docs", str(docs)]
-    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=60)
+    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=HANG_GUARD_S)
     assert sorted(p.name for p in docs.iterdir()) == ["README.md", f"kernels_{'a' * 12}.json"]
     readme = (docs / "README.md").read_text()
     assert f"| kernels | {'a' * 12} | 2026-12-04 | NVIDIA H200 | 2/2 | 300 |" in readme
     assert f"| {'a' * 12} | 16 | on | 2.500 | 10.000 | 4.00 | 0.10 | 0.10 |" in readme
     # A second bundle: both in the table, the first one's row unchanged, the prose kept.
     (returned / "kernels.json").write_text(json.dumps(bundle("b" * 40, rc=1)))
-    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=60)
+    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=HANG_GUARD_S)
     readme = (docs / "README.md").read_text()
     assert "| 2/2 |" in readme and "| 1/2 (failed: decode_step) |" in readme
     assert readme.count("gpu_results: begin") == 1 and "What it measures" in readme
@@ -145,7 +146,7 @@ def run_stage(name: str, out: Path, **extra: str) -> subprocess.CompletedProcess
     empty: the same on a GPU machine), its results under `out`, `extra` in its environment."""
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(["bash", str(SCRIPT), name], env=env | extra, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=HANG_GUARD_S)  # fmt: skip
 
 
 STAGES = ("kernels", "rest", "step", "distill", "ranks")
@@ -193,7 +194,9 @@ def test_gpu_results_refuses_a_bundle_that_names_no_gpu(tmp_path):
         returned.mkdir(exist_ok=True)
         (returned / "kernels.json").write_text(json.dumps(bundle("a" * 40, device=device)))
         script = [str(ROOT / "scripts/gpu_results.sh"), str(returned), "--docs", str(docs)]
-        done = subprocess.run(["bash", *script], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["bash", *script], capture_output=True, text=True, timeout=HANG_GUARD_S
+        )
         assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "names no GPU" in done.stderr and repr(device) in done.stderr
         assert sorted(p.name for p in docs.iterdir()) == ["README.md"]  # nothing filed
@@ -258,7 +261,7 @@ def test_gpu_results_finds_an_unstamped_bundles_commit_from_its_fingerprint(tmp_
     unstamped["stamp"] = {"commit": None, "source": "none: ...", "tree": head_fingerprint()}
     (returned / "kernels.json").write_text(json.dumps(unstamped))
     script = [str(ROOT / "scripts/gpu_results.sh"), str(returned), "--docs", str(docs)]
-    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=120)
+    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=HANG_GUARD_S)
     filed = json.loads((docs / f"kernels_{head[:12]}.json").read_text())
     assert filed["commit"] == filed["stamp"]["commit"] == head
     assert filed["stamp"]["resolved"] == "gpu_results.sh: the device's fingerprint matched"

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.config_loader import conf_dir, load_config
 from sparrow.cli.train import main
@@ -146,7 +147,7 @@ def test_unparsable_file_is_one_line_naming_its_line_row_and_reason(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k not in dist_vars}
     env |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 2, out.stderr
     # The whole of stderr: no progress bar, no log line of datasets' above it (issue 61 item 10).
     assert out.stderr == (

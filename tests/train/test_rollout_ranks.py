@@ -23,15 +23,16 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import COLLECTIVE_GUARD_MIN, HANG_GUARD_S
 from test_lost_rank import _TIMINGS, _env, _finish, _free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PAUSE_AT = ROOT / "tests" / "train" / "pause_at.py"
-TIMEOUT_MIN = 0.5
-# A rollout rank waits on the bridge for the trainers' first push through their whole start-up,
-# which a loaded host or a first run (DeepSpeed, Triton caches) stretches past 30 s; a lost
-# peer closes its connection and is seen at once whatever the timeout.
-BRIDGE_TIMEOUT_MIN = 5
+# Hang guards (tests/hang_guard.py): a rollout rank waits on the bridge for the trainers' first
+# push through their whole start-up, which a loaded host or a first run stretches past any short
+# timeout; a lost peer closes its connection and is seen at once whatever the timeout.
+TIMEOUT_MIN = COLLECTIVE_GUARD_MIN
+BRIDGE_TIMEOUT_MIN = COLLECTIVE_GUARD_MIN
 HOST_GIB = 16
 COMMON = [
     "preset=tiny",
@@ -89,7 +90,7 @@ def _weights(run_dir: Path) -> bytes:
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + HANG_GUARD_S
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     if not path.exists():
@@ -128,7 +129,7 @@ def one_process_run(tmp_path: Path, gpu=False) -> Path:
     cmd = [sys.executable, str(PAUSE_AT), "none", "0", str(tmp_path / "none"), *COMMON]
     with open(log, "w") as out:
         done = subprocess.run([*cmd, f"run_dir={local}"], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=900)  # fmt: skip
+                              stderr=subprocess.STDOUT, timeout=HANG_GUARD_S)  # fmt: skip
     assert done.returncode == 0, log.read_text()[-4000:]
     return local
 

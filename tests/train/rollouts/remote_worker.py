@@ -17,12 +17,12 @@ import argparse
 import os
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for tiny_lm
+from hang_guard import CHILD_GUARD_S, COLLECTIVE_GUARD  # noqa: E402
 from tiny_lm import tiny_causal_lm  # noqa: E402
 
 from sparrow.cluster import split_world  # noqa: E402
@@ -88,7 +88,7 @@ def trainer(args, roles) -> None:
 def update(model, out: Path, next_step: int, rank: int, steps: int) -> None:
     """+1 on every weight, finished only once the next step's draw has started."""
     if next_step < steps:
-        deadline = time.monotonic() + 600  # a hang guard: the draw starts in ms when healthy
+        deadline = time.monotonic() + CHILD_GUARD_S  # the draw starts in ms when healthy
         while not marker(out, next_step, rank).exists():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"step {next_step}'s draw never started during the update")
@@ -105,7 +105,8 @@ def main():
     parser.add_argument("--rollout-ranks", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    roles = split_world(args.rollout_ranks, "gloo", timedelta(seconds=60))
+    # A hang guard: a 60 s one can trip on ranks still starting under load (issue 61).
+    roles = split_world(args.rollout_ranks, "gloo", COLLECTIVE_GUARD)
     (trainer if roles.role == "train" else rollout_rank)(args, roles)
 
 

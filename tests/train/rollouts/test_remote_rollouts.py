@@ -18,6 +18,7 @@ from sparrow.train.memory.plan import GiB
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parents[1] / "rl"))
+from hang_guard import HANG_GUARD_S  # noqa: E402
 from test_distributed import clean_env, free_port  # noqa: E402
 
 WORKER = HERE / "remote_worker.py"
@@ -30,7 +31,12 @@ def torchrun(out: Path, ranks: int, rollout: int, *args: str) -> list[dict]:
     cmd += ["--master_port", str(free_port()), str(WORKER), "--out", str(out)]
     cmd += ["--rollout-ranks", str(rollout), *args]
     proc = subprocess.run(
-        cmd, env=clean_env(), cwd=HERE.parents[2], capture_output=True, text=True, timeout=300
+        cmd,
+        env=clean_env(),
+        cwd=HERE.parents[2],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return [torch.load(out / f"train{r}.pt", weights_only=False) for r in range(ranks - rollout)]
