@@ -215,7 +215,8 @@ def head_fingerprint() -> dict:
     """The fingerprint of HEAD's files, listed by git (as gpu_results.sh lists them)."""
     gpu_bundle = load_bundle_script()
     listing = subprocess.run(["git", "ls-tree", "-r", "HEAD", "--", *gpu_bundle.FOLDERS], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+                             capture_output=True, text=True, check=True,
+                             timeout=HANG_GUARD_S).stdout  # fmt: skip
     entries = [(line.split("\t", 1)[1], line.split()[2]) for line in listing.splitlines()]
     return gpu_bundle.fingerprint_of(entries)
 
@@ -225,8 +226,11 @@ def test_fingerprint_of_a_tree_equals_the_commits_listing(tmp_path):
     (file modes and Python's caches do not count): the tie between a bundle and its commit."""
     gpu_bundle = load_bundle_script()
     archive = subprocess.run(["git", "archive", "HEAD", *gpu_bundle.FOLDERS], cwd=ROOT,
-                             capture_output=True, check=True).stdout  # fmt: skip
-    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+                             capture_output=True, check=True,
+                             timeout=HANG_GUARD_S).stdout  # fmt: skip
+    subprocess.run(
+        ["tar", "-x", "-C", str(tmp_path)], input=archive, check=True, timeout=HANG_GUARD_S
+    )
     (tmp_path / "sparrow/__pycache__").mkdir(exist_ok=True)
     (tmp_path / "sparrow/__pycache__/x.cpython-311.pyc").write_bytes(b"cache")
     os.chmod(tmp_path / "scripts/gpu_check.sh", 0o644)  # a copy that lost the exec bit
@@ -253,7 +257,7 @@ def test_gpu_results_finds_an_unstamped_bundles_commit_from_its_fingerprint(tmp_
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs the repository's git history")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+                          check=True, timeout=HANG_GUARD_S).stdout.strip()  # fmt: skip
     docs, returned = tmp_path / "docs", tmp_path / "returned"
     docs.mkdir()
     returned.mkdir()

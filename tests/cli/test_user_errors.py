@@ -103,7 +103,7 @@ def _in_private_mount(tmp_path: Path, mount_opts: str, cmd: list[str]):
         pytest.skip("needs unshare")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=HANG_GUARD_S)
     if probe.returncode != 0:
         pytest.skip("unprivileged mount namespaces are not available")
     script = f'mount -t tmpfs -o {mount_opts} tmpfs "{mnt}" && exec "$@"'

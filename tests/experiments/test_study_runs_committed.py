@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,6 +19,6 @@ def test_the_metrics_copies_are_not_git_ignored(path):
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout")
     ignored = subprocess.run(
-        ["git", "check-ignore", "-q", "--no-index", path], cwd=REPO, check=False
+        ["git", "check-ignore", "-q", "--no-index", path], cwd=REPO, timeout=HANG_GUARD_S
     )
     assert ignored.returncode == 1, f"{path} is git-ignored"

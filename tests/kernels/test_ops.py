@@ -14,6 +14,7 @@ from collections import Counter  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hang_guard import HANG_GUARD_S  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map_only  # noqa: E402
@@ -191,5 +192,11 @@ def test_importing_the_ops_imports_no_triton():
         "assert 'triton' not in sys.modules, 'triton imported'\n"
         "print(torch.ops.sparrow.paged_decode.default._schema)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=HANG_GUARD_S,
+    )
     assert "sparrow::paged_decode(Tensor q" in out.stdout

@@ -1,6 +1,7 @@
 """Block manager + scheduler, driven by a fake step loop (no torch, no model): milliseconds."""
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.scheduler import DecodeBatch, PrefillBatch, Scheduler
@@ -142,4 +143,4 @@ def test_scheduling_code_does_not_import_torch():
         "import sys, sparrow.rollout.scheduler, sparrow.rollout.block_manager, "
         "sparrow.rollout.sequence; assert 'torch' not in sys.modules, 'torch imported'"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=HANG_GUARD_S)
