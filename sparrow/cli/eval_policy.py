@@ -48,7 +48,7 @@ def _main(argv: list[str] | None) -> int:
     tune_cpu_allocator()
     try:  # a bad reward stops before the model loads
         reward = build_reward(cfg.rl.reward)
-    except KeyError as err:
+    except ValueError as err:  # e.g. the run's rl.reward.function file moved or deleted
         raise UserError(one_line(err)) from err
     try:
         lm = load_model(cfg.model)
