@@ -7,9 +7,10 @@ slow the machine: under `make test` beside other work on 2 cores (load 4-7) a 60
 in a rollout rank, tripped while its training ranks were still starting, failed a healthy case
 (issue 61). So every guard is one of these, never a literal (tests/test_hang_guards.py checks):
 
-- `HANG_GUARD_S`, 30 min: a test's wait on a child process or on a polled condition. A single
-  such wait in the default suite takes at most a few minutes alone on the 2-core VM; the guard is
-  over 10x that, and still ends a real hang within the hour.
+- `HANG_GUARD_S`, 30 min: a test's wait on a child process or on a polled condition. The
+  longest single wait measured in the default suite took 84 s at load 11 on the 2-core VM (two
+  ranks of test_uniform_head_calls; preset=tiny end to end 60-77 s): the guard is over 20x that,
+  and still ends a real hang within the hour.
 - `CHILD_GUARD_S`, half of it: a wait inside a child process (a collective, a store, a poll), so
   that the child's own error, naming what it waited for, comes before the test gives up on it.
   `COLLECTIVE_GUARD` is the same as a timedelta, `COLLECTIVE_GUARD_MIN` in minutes (for
