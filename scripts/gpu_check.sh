@@ -230,8 +230,12 @@ step|distill)
             rl.prompts_per_step="$PROMPTS" rl.group_size="$GROUP" "$@"
     }
     if [ "$STAGE" = distill ]; then
-        # The step plus the adapter's sparse forward/backward over the rollout, ~1.5x the step.
-        run_step distill_bench "${STEP_DISTILL_TOKENS:-8192}" 380 distill=default
+        # The step plus the adapter's sparse forward/backward over the rollout, ~1.5x the step,
+        # at the size its memory plan fits an H100 with (the adapter counted: 55 GiB at its
+        # update with one row of 4K tokens, where one row of 8K needs 80 GiB and distill's
+        # default 4 rows 184 GiB; tests/train/memory/test_adapter_plan.py).
+        run_step distill_bench "${STEP_DISTILL_TOKENS:-4096}" 240 distill=default \
+            "distill.micro_batch_size=${STEP_DISTILL_ROWS:-1}"
         finish
     fi
     # A 1.7B random model and trainer ~0.5-1 min, the 640-token warm-up and one step of

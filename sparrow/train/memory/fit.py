@@ -206,8 +206,15 @@ def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int) -
             f"rows per pass) or monitor.exact_fraction={cfg.monitor.exact_fraction}, or set "
             "monitor.exact=false"
         )
+    if phase == "distill step":  # DistillSparse's micro-batch: no actor knob sizes it
+        return (
+            f"lower distill.micro_batch_size={cfg.distill.micro_batch_size} (planned "
+            f"{plan.distill_rows} rows per sparse forward + backward, "
+            f"{plan.distill_extra / GiB:.1f} GiB) or rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens}, or set distill=disabled"
+        )
     # "resident": weights, optimizer state and the engine's pool; name the larger share.
-    weights = plan.actor_weights + plan.engine_weights + plan.optimizer
+    weights = plan.actor_weights + plan.engine_weights + plan.optimizer + plan.distill_weights
     if plan.kv_pool + plan.page_summaries >= weights:
         return (
             f"lower rollout.engine.num_pages={eng.num_pages} (KV pool and page summaries "

@@ -19,6 +19,9 @@ optimizer state, the engine's weight copy, KV pool and page summaries) plus its 
   rl.async.staleness=1 also the next step's draw, which runs beside the update (`overlap`: the
   larger of its prefill and decode transients, and the monitor's dense replay logits of the
   measured rows beside their kept ones).
+- distill step (distill.enabled): DistillSparse's update after the dense one, its gradients and
+  one micro-batch's forward + backward (adapter.py); its frozen copy of the weights and the
+  adapter's state stay resident all run.
 
 On CPU the device is host RAM, which the process itself shares, and three more things live there:
 - `runtime`: the process when the plan is made (interpreter, torch, DeepSpeed, transformers, the
@@ -60,11 +63,13 @@ from sparrow.train.memory.actor_passes import (
     no_grad_pass_bytes,
     step_cache_copies,
 )
+from sparrow.train.memory.adapter import adapter_memory
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = (
     "resident", "prefill peak", "decode peak", "actor log-probs", "monitor exact", "actor step",
+    "distill step",
 )  # fmt: skip
 # CPU, see the module docstring. The slack is the smallest share (in steps of 0.05) for which the
 # plan covers the worst peaks of `sparrow-bench actor long-prompt` (test_plan.py's
@@ -100,6 +105,10 @@ class MemoryPlan:
     kept_logits: int = 0  # CPU, monitor.exact: the measured rows' rollout logits
     slack: float = 0.0  # CPU: ALLOCATOR_SLACK
     overlap: int = 0  # rl.async.staleness=1: the next draw's transient, held during the update
+    distill_weights: int = 0  # distill.enabled: the adapter's frozen copy of theta
+    adapter_state: int = 0  # distill.enabled: LoRA, its AdamW moments, the engine's factors
+    distill_extra: int = 0  # distill.enabled: the distill step's gradients and micro-batch
+    distill_rows: int = 0  # rows of the distill micro-batch planned
 
     @property
     def engine_resident(self) -> int:
@@ -121,6 +130,8 @@ class MemoryPlan:
         }
         if self.exact_extra:
             out["monitor exact"] = self.exact_extra + self.kept_logits
+        if self.distill_extra:
+            out["distill step"] = self.distill_extra
         cache = int(self.step_copies * self.row_cache)
         # rl.dense_pass=update reads the exact rows' kept rollout logits in the update's forward
         # (a separate pass frees them before it: counted anyway, a few hundred MB at most).
@@ -131,8 +142,9 @@ class MemoryPlan:
 
     @property
     def phases(self) -> dict[str, int]:
-        """Phase -> bytes held at its peak (the optimizer state stays resident throughout)."""
-        base = self.engine_resident + self.optimizer
+        """Phase -> bytes held at its peak (the optimizer state and DistillSparse's copy and
+        state stay resident throughout)."""
+        base = self.engine_resident + self.optimizer + self.distill_weights + self.adapter_state
         return {name: base + int(t * (1 + self.slack)) for name, t in self.transients.items()}
 
     def peak_phase(self) -> tuple[str, int]:
@@ -153,9 +165,14 @@ class MemoryPlan:
             parts.insert(1, ("reference weights (KL)", self.reference_weights))
         if self.runtime:
             parts.insert(0, ("process runtime", self.runtime))
+        if self.distill_weights:
+            parts += [("distill frozen weights", self.distill_weights),
+                      ("distill adapter + AdamW", self.adapter_state)]  # fmt: skip
         lines = [f"memory plan ({device_name}: {device_bytes / GiB:.1f} GiB)", "  parts:"]
         lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in parts]
         held = "resident: engine resident + optimizer state"
+        if self.distill_weights:
+            held += " + distill"
         if self.slack:
             held += f"; transients +{self.slack:.0%} allocator slack"
         lines.append(f"  held at each phase's peak ({held}):")
@@ -232,6 +249,7 @@ def plan_memory(
     logprob_extra = no_grad_pass_bytes(shape, mb, actor.logprob_chunk_tokens, value_bytes)
     prefill_extra, decode_extra, overlap = _engine_transients(cfg, shape, prompt, kept_logits)
     checkpointing, chunk = actor.activation_checkpointing, actor.logprob_chunk_tokens
+    adapter = adapter_memory(cfg, shape, params, world, longest_prompt, common_prefix)
     return MemoryPlan(
         actor_weights=actor_weights,
         engine_weights=params * engine_bytes,
@@ -258,6 +276,10 @@ def plan_memory(
         kept_logits=kept_logits,
         slack=ALLOCATOR_SLACK if host else 0.0,
         overlap=overlap,
+        distill_weights=adapter.weights,
+        adapter_state=adapter.state,
+        distill_extra=adapter.step,
+        distill_rows=adapter.rows,
     )
 
 
