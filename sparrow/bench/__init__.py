@@ -15,6 +15,7 @@ kernel_aot.py        every Triton variant compiled ahead of time (regs, spills, 
 kernel_configs.py    the kernel benchmark's shapes and tile sweep
 prefix.py            prefix: generate with the shared prefix computed once vs not
 rollout.py           rollout: engine vs HF generate; sparse vs dense decode and p5
+speculative.py       speculative: lossless speculative vs dense vs approximate sparse decode
 step.py              step: one GRPO step with sparse and with dense rollouts
 pipeline.py          pipeline: GRPO steps at staleness 0 vs 1 on one process, the overlap
 layouts.py           pipeline --layouts: 1 rollout + 1 training rank vs 2 colocated ranks

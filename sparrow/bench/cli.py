@@ -11,6 +11,7 @@
     sparrow-bench prefix [--help]             few-shot prompts, shared prefix on vs off
     sparrow-bench push [--help]               weight push to a rollout rank vs colocated sync
     sparrow-bench rollout [--help]            engine vs HF generate; sparse vs dense decode, p5
+    sparrow-bench speculative [--help]        lossless speculative vs dense vs sparse decode
     sparrow-bench step [--help]               one GRPO step, sparse vs dense rollouts: phases
 
 Every subcommand builds on the device it finds (CUDA when present, else the CPU; `--device`).
@@ -36,6 +37,7 @@ COMMANDS = {
     "prefix": "sparrow.bench.prefix",  # generate on few-shot prompts, shared prefix on vs off
     "push": "sparrow.bench.push",  # the weight push per bucket size vs the colocated sync
     "rollout": "sparrow.bench.rollout",  # engine vs HF generate; sparse vs dense decode + p5
+    "speculative": "sparrow.bench.speculative",  # lossless speculative vs dense vs sparse decode
     "step": "sparrow.bench.step",  # one GRPO step, sparse vs dense rollouts: phases, speedups
 }
 

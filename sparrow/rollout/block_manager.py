@@ -110,6 +110,11 @@ class BlockManager:
             raise RuntimeError("no free KV page")
         seq.page_table.append(self._take(1))
 
+    def release_pages(self, seq: Sequence, keep: int) -> None:
+        """Give back `seq`'s pages past its first `keep` (speculative drafts that were rejected)."""
+        self._release(seq.page_table[keep:])
+        del seq.page_table[keep:]
+
     def free(self, seq: Sequence) -> None:
         self._release(seq.page_table)
         seq.page_table = []

@@ -25,7 +25,7 @@ except after a preemption of a sparsely decoded row (there `score`'s replay is t
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -37,9 +37,11 @@ from sparrow.rollout.linear import Linear
 from sparrow.rollout.model_runner import ModelRunner
 from sparrow.rollout.outputs import GenerateStats, GenerationOutput, LogitsStore, TokenRecords
 from sparrow.rollout.paged_attention import SparseAttentionConfig
-from sparrow.rollout.sampler import Sampler
+from sparrow.rollout.sampler import Sampler, SamplerOutput
 from sparrow.rollout.scheduler import DecodeBatch, PrefillBatch, Scheduler
 from sparrow.rollout.sequence import Sequence
+from sparrow.rollout.speculative import SpeculativeConfig
+from sparrow.rollout.speculative_round import speculative_round
 
 Schedule = Callable[[int], int | None]  # context length in tokens -> budget in pages (None: dense)
 
@@ -96,8 +98,18 @@ class SamplingParams:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, cfg: EngineConfig, schedule: Schedule | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        cfg: EngineConfig,
+        schedule: Schedule | None = None,
+        speculative: SpeculativeConfig | None = None,
+    ):
+        """`speculative` (enabled): decode steps draft with the sparse schedule and verify
+        densely (speculative.py), so that every sampled token is the dense policy's."""
         self.cfg = cfg
+        self.speculative = speculative if speculative is not None and speculative.enabled else None
         self.model_config = model.config
         # A sliding window (Mistral) shorter than the pool and the positions is refused here, as
         # the CLIs hold sequences to both; a call's longer sequence, in the call (_check_window).
@@ -227,33 +239,45 @@ class LLMEngine:
         stats: GenerateStats,
         bar,
     ) -> None:
-        """One scheduled prefill or decode step of generate, its tokens sampled and recorded."""
+        """One scheduled prefill or decode step of generate (in speculative mode a decode step
+        is a draft-and-verify round, one or more tokens per sequence), its tokens recorded and
+        appended, finished sequences released."""
         start = time.perf_counter()
         batch = scheduler.schedule()
-        step_seqs, logits, budgets = self._forward(batch, tracked)
-        sampled = self.sampler(logits, params.temperature, params.top_p, params.top_k)
-        records.write(
-            [s.seq_id for s in step_seqs],
-            [len(s.completion_ids) for s in step_seqs],
-            sampled,
-            budgets,
-            [s.num_tokens for s in step_seqs],
-        )
-        if kept is not None:  # positions: the tokens are appended just below
-            kept.append(
-                [s.seq_id for s in step_seqs],
-                [len(s.completion_ids) for s in step_seqs],
-                logits,
-            )
+        if self.speculative is not None and isinstance(batch, DecodeBatch):
+            spec = speculative_round(self, batch.seqs, scheduler.block_manager, params, tracked)
+            stats.add_round(spec.drafted, spec.accepted)
+            step_seqs, tokens, sampled, logits = spec.seqs, spec.tokens, spec.sampled, spec.logits
+            budgets = [
+                self._pages(s.num_tokens + o) for s, o in zip(step_seqs, spec.offsets, strict=True)
+            ]
+        else:
+            step_seqs, logits, budgets = self._forward(batch, tracked)
+            sampled = self.sampler(logits, params.temperature, params.top_p, params.top_k)
+            tokens = sampled.token_ids.tolist()
         stop_ids = set(params.stop_token_ids)
         eos_ids = set() if params.ignore_eos else set(self.eos_token_ids)
-        for seq, token in zip(step_seqs, sampled.token_ids.tolist(), strict=True):
+        rows, positions, contexts, ended = [], [], [], set()
+        for i, (seq, token) in enumerate(zip(step_seqs, tokens, strict=True)):
+            if id(seq) in ended:  # a round's tokens past the one that ended its sequence
+                continue
+            rows.append(i)
+            positions.append(len(seq.completion_ids))
+            contexts.append(seq.num_tokens)
             seq.completion_ids.append(token)
             reason = self._stop_reason(seq, token, params, stop_ids, eos_ids)
             if reason is not None:
                 scheduler.finish(seq, reason)
+                ended.add(id(seq))
                 bar.update(1)
-        stats.add_step(batch, time.perf_counter() - start)
+        if len(rows) < len(tokens):
+            sampled, logits = _rows(sampled, rows), logits[rows]
+            budgets = [budgets[i] for i in rows]
+        seq_ids = [step_seqs[i].seq_id for i in rows]
+        records.write(seq_ids, positions, sampled, budgets, contexts)
+        if kept is not None:
+            kept.append(seq_ids, positions, logits)
+        stats.add_step(batch, time.perf_counter() - start, len(rows))
         bar.set_postfix(decode_tok_s=f"{stats.decode_tok_s:.1f}", refresh=False)
 
     def _prefill_prefix(
@@ -315,7 +339,7 @@ class LLMEngine:
                 seq.completion_ids.append(completions[seq.seq_id][t])
                 if bm.needs_page(seq):
                     bm.append_page(seq)
-            rows = self.runner.decode(step, self._budgets(step), tracked)  # (B, V)
+            rows = self.runner.decode(step, self.budgets(step), tracked)  # (B, V)
             if self.runner.graphs is not None:  # the graph's buffer: the next step overwrites it
                 rows = rows.clone()  # eager (CPU) logits are the step's own: no copy
             for seq, row in zip(step, rows, strict=True):
@@ -332,7 +356,7 @@ class LLMEngine:
             logits = self.runner.prefill(batch.groups, tracked)[rows.to(self.runner.device)]
             return seqs, logits, [self._pages(s.num_tokens) for s in seqs]  # prefill is dense
         seqs = batch.seqs
-        budgets = self._budgets(seqs)
+        budgets = self.budgets(seqs)
         logits = self.runner.decode(seqs, budgets, tracked)
         pages = [self._pages(s.num_tokens) for s in seqs]
         if budgets is None:
@@ -353,7 +377,7 @@ class LLMEngine:
             raise ValueError(f"got {len(schedules)} schedules for {num_seqs} sequences")
         return list(schedules)
 
-    def _budgets(self, seqs: list[Sequence]) -> list[int] | None:
+    def budgets(self, seqs: list[Sequence]) -> list[int] | None:
         """Per-sequence page budgets for a decode step; None when every sequence is dense."""
         floor = self.cfg.num_sink + self.cfg.num_recent  # the forced pages always fit
         budgets, any_sparse = [], False
@@ -426,6 +450,11 @@ def _eos_ids(model, tokenizer) -> tuple[int, ...]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return tuple(dict.fromkeys(ids))
+
+
+def _rows(sampled: SamplerOutput, rows: list[int]) -> SamplerOutput:
+    index = torch.tensor(rows, device=sampled.token_ids.device)
+    return SamplerOutput(*(getattr(sampled, f.name)[index] for f in fields(SamplerOutput)))
 
 
 def _logits_store(

@@ -152,6 +152,50 @@ class ModelRunner:
         return logits
 
     @torch.inference_mode()
+    def verify(self, seqs: list[Sequence], num_new: list[int], update_summaries: bool) -> Tensor:
+        """The dense pass of speculative decoding: logits (sum(num_new), V) fp32 at each of the
+        last num_new[i] tokens of each sequence (its last cached token and its drafts), which
+        attend densely to the cached K/V before them and causally to each other. Their K/V are
+        written again: the drafts' were computed under sparse attention, and from the first
+        sparse layer on they differ from the dense ones the accepted tokens must keep."""
+        ps = self.page_size
+        ids, slots, page_ids, fills, positions, contexts, bounds = [], [], [], [], [], [], []
+        start = 0
+        for seq, new in zip(seqs, num_new, strict=True):
+            length = seq.num_tokens
+            cached = length - new  # tokens before the verified ones, whose K/V stand
+            table = torch.tensor(seq.page_table, dtype=torch.int64)  # (P,)
+            tokens = torch.arange(length)
+            token_slots = table[tokens // ps] * ps + tokens % ps  # (length,)
+            ids.append(torch.tensor(seq.token_ids[cached:], dtype=torch.int64))
+            positions.append(tokens[cached:])
+            slots.append(token_slots[cached:])
+            first, last = cached // ps, (length - 1) // ps
+            page_ids.append(table[first : last + 1])
+            fills.append((length - torch.arange(first, last + 1) * ps).clamp(max=ps))
+            contexts.append(self._to(token_slots[:cached]) if cached else None)
+            bounds.append((start, start + new))
+            start += new
+        meta = PrefillMetadata(
+            kv_rows=self._to(torch.arange(start)),
+            slot_mapping=self._to(torch.cat(slots)),
+            page_ids=self._to(torch.cat(page_ids)),
+            fill_counts=self._to(torch.cat(fills)),
+            context_slots=contexts if any(c is not None for c in contexts) else None,
+        )
+        logits = self.model.prefill(
+            self._to(torch.cat(ids)),
+            self._to(torch.cat(positions)),
+            bounds,
+            self._to(torch.arange(start)),
+            self.kv,
+            meta,
+        )
+        if update_summaries:
+            self.kv.update_summaries(meta.page_ids, meta.fill_counts)
+        return logits
+
+    @torch.inference_mode()
     def decode(
         self, seqs: list[Sequence], budgets: list[int] | None, update_summaries: bool
     ) -> Tensor:

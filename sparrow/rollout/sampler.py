@@ -39,33 +39,71 @@ class Sampler:
         self, logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int | None = None
     ) -> SamplerOutput:
         """logits (B, V) fp32 -> one token per row."""
-        greedy = temperature == 0.0
-        scaled = logits if greedy or temperature == 1.0 else logits / temperature  # (B, V)
-        logprobs_full = torch.log_softmax(scaled, dim=-1)  # (B, V)
-        topk = logprobs_full.topk(self.topk_logprobs, dim=-1)  # (B, K)
-        if greedy:
+        dist = Distributions(logits, temperature, top_p, top_k)
+        if dist.logprobs_trunc is None:  # greedy
             token_ids = logits.argmax(dim=-1)  # (B,)
-            sampling_logprobs = torch.zeros(token_ids.shape, device=logits.device)  # fp32
         else:
-            truncated = truncate(scaled, top_p, top_k)  # (B, V), -inf outside the kept set
-            logprobs_trunc = logprobs_full if truncated is scaled else truncated.log_softmax(-1)
-            token_ids = self._draw(logprobs_trunc)  # (B,)
-            sampling_logprobs = logprobs_trunc.gather(1, token_ids[:, None])[:, 0]
+            token_ids = self._draw(dist.logprobs_trunc)  # (B,)
+        return self.record(dist, token_ids)
+
+    def record(self, dist: "Distributions", token_ids: Tensor) -> SamplerOutput:
+        """The log-probs and top-K of given tokens (B,) under `dist`: what __call__ returns for
+        tokens it drew, and for tokens drawn elsewhere from the same distributions (speculative
+        decoding's accepted drafts)."""
+        if dist.logprobs_trunc is None:  # greedy
+            sampling_logprobs = torch.zeros(token_ids.shape, device=token_ids.device)  # fp32
+        else:
+            sampling_logprobs = dist.logprobs_trunc.gather(1, token_ids[:, None])[:, 0]
+        topk = dist.logprobs_full.topk(self.topk_logprobs, dim=-1)  # (B, K)
         return SamplerOutput(
             token_ids=token_ids,
-            logprobs=logprobs_full.gather(1, token_ids[:, None])[:, 0],
+            logprobs=dist.logprobs_full.gather(1, token_ids[:, None])[:, 0],
             sampling_logprobs=sampling_logprobs,
             topk_ids=topk.indices,
             topk_logprobs=topk.values,
         )
 
-    def _draw(self, logprobs: Tensor) -> Tensor:
+    def draw_from(self, probs: Tensor) -> Tensor:
+        """One token per row of probs (B, V) (rows need not be normalised), by inverse CDF."""
+        return self._draw(probs, is_log=False)
+
+    def uniforms(self, n: int) -> Tensor:
+        """n uniforms in [0, 1) from the sampler's stream (speculative acceptance tests)."""
+        return torch.rand((n,), generator=self.generator, device=self.generator.device)
+
+    def _draw(self, weights: Tensor, is_log: bool = True) -> Tensor:
         """Inverse-CDF sampling, one uniform per row: on CPU ~8x cheaper than one exponential or
         Gumbel draw per vocabulary entry. `right=True` never lands on a zero-probability token."""
-        cdf = logprobs.exp().cumsum(dim=-1)  # (B, V)
+        cdf = (weights.exp() if is_log else weights).cumsum(dim=-1)  # (B, V)
         u = torch.rand((cdf.shape[0], 1), generator=self.generator, device=cdf.device)
         token_ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]  # (B,)
         return token_ids.clamp_(max=cdf.shape[1] - 1)
+
+
+class Distributions:
+    """What a sampling step draws from, for logits (B, V) fp32 under temperature, top-p, top-k:
+    the full-vocabulary log-probs at the temperature (the policy), and the truncated ones drawn
+    from (None when greedy). `probs()` is the distribution a token is drawn from (greedy: one-hot
+    on the argmax), which speculative decoding compares between draft and target."""
+
+    def __init__(self, logits: Tensor, temperature: float, top_p: float, top_k: int | None):
+        self.logits = logits
+        greedy = temperature == 0.0
+        scaled = logits if greedy or temperature == 1.0 else logits / temperature  # (B, V)
+        self.logprobs_full = torch.log_softmax(scaled, dim=-1)  # (B, V)
+        self.logprobs_trunc: Tensor | None = None
+        if not greedy:
+            truncated = truncate(scaled, top_p, top_k)  # (B, V), -inf outside the kept set
+            self.logprobs_trunc = (
+                self.logprobs_full if truncated is scaled else truncated.log_softmax(-1)
+            )
+
+    def probs(self) -> Tensor:
+        """(B, V) fp32: the distribution each row's token is drawn from."""
+        if self.logprobs_trunc is None:
+            one_hot = torch.zeros_like(self.logits)
+            return one_hot.scatter_(1, self.logits.argmax(dim=-1, keepdim=True), 1.0)
+        return self.logprobs_trunc.exp()
 
 
 def truncate(scaled_logits: Tensor, top_p: float, top_k: int | None) -> Tensor:

@@ -66,7 +66,7 @@ def build_engine(run: PreparedRun) -> LLMEngine:
     """The rollout engine; it copies the weights it needs (synced from the actor after every
     update) and samples from the run's sampling stream."""
     engine_cfg = replace(run.cfg.rollout.engine, seed=run.seeds.sampling)
-    return LLMEngine(run.model, run.tokenizer, engine_cfg)
+    return LLMEngine(run.model, run.tokenizer, engine_cfg, speculative=run.cfg.rollout.speculative)
 
 
 def build_distill(run: PreparedRun, engine: LLMEngine) -> DistillSparse | None:

@@ -20,6 +20,7 @@ from sparrow.rl.losses import LossConfig
 from sparrow.rl.overlong import OverlongConfig
 from sparrow.rl.rollout_correction import CorrectionConfig
 from sparrow.rollout.engine import EngineConfig
+from sparrow.rollout.speculative import SpeculativeConfig
 from sparrow.tasks.data import DataConfig
 from sparrow.tasks.rewards import RewardConfig
 from sparrow.train.logs.metrics_logger import LoggerConfig
@@ -28,6 +29,8 @@ from sparrow.train.logs.metrics_logger import LoggerConfig
 @dataclass
 class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)  # the inference engine
+    # Lossless sparse rollouts: sparse decode drafts, one dense pass verifies (speculative.py)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     temperature: float = 1.0  # sampling temperature of training rollouts (the paper: 1)
     top_p: float = 1.0  # nucleus mass; < 1: IS weights use the truncated log-prob drawn from
     top_k: int | None = None  # keep the k most likely tokens; None keeps all
@@ -257,6 +260,12 @@ class SparrowConfig:
             raise ValueError(f"resume_mismatch={self.resume_mismatch!r}: expected refuse or allow")
         if self.run_dir_reuse not in ("refuse", "allow"):
             raise ValueError(f"run_dir_reuse={self.run_dir_reuse!r}: expected refuse or allow")
+        if self.rollout.speculative.enabled and self.distill.enabled and not self.distill.gate:
+            raise ValueError(
+                "rollout.speculative.enabled=true with distill.gate=false: the engine's weights "
+                "would be theta + phi merged, and the verify pass must be the dense policy "
+                "theta's: set distill.gate=true (the adapter then drafts only)"
+            )
         eng = self.rollout.engine
         if eng.num_pages < 1 or eng.page_size < 1:
             raise ValueError(

@@ -130,6 +130,14 @@ TINY: dict[str, list[Run]] = {
             "sparse_vs_dense.p5_acceptance",
         ),
     ],
+    "speculative": [  # docs/speculative/README.md: tok/s per arm, ratios, acceptance, best k
+        Run(
+            "speculative --model tiny-qwen3 --contexts 96 --batch 2 --new-tokens 6 "
+            "--budget-tokens 48 --draft-tokens 2 3 --repeats 1 --json JSON_PATH",
+            "contexts.*.tok_s.* contexts.*.vs_dense.* contexts.*.acceptance.* "
+            "contexts.*.tokens_per_verify.* contexts.*.best_k",
+        ),
+    ],
     "step": [  # docs/bench_step/README.md: both runs' phases, KV-read, p5, the speedups
         Run(
             "step --random-model qwen3-debug --json JSON_PATH preset=tiny "

@@ -68,7 +68,9 @@ def serve_rollout_rank(cfg: SparrowConfig, roles: Roles) -> int:
     device = local_device()  # the split made it current
     if device.type == "cuda":
         loaded.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to
-    engine = LLMEngine(loaded.model, loaded.tokenizer, cfg.rollout.engine)
+    engine = LLMEngine(
+        loaded.model, loaded.tokenizer, cfg.rollout.engine, speculative=cfg.rollout.speculative
+    )
     reward = build_reward(cfg.rl.reward)
     trainers = roles.world_size - roles.rollout_ranks
     mine = [i for i in range(trainers) if i % roles.rollout_ranks == roles.world_rank - trainers]

@@ -1,0 +1,146 @@
+"""`sparrow-bench speculative`: lossless speculative rollouts against dense and approximate
+sparse decode, per context length.
+
+    sparrow-bench speculative --json docs/speculative/bench.json   # SmolLM2, 2K-8K: minutes
+    sparrow-bench speculative --quick                               # smoke run
+
+For each `--contexts` length: one long prompt (rollout.py's arithmetic facts), `--batch`
+samples sharing it, `--new-tokens` each at temperature 1. Three arms on one engine: dense (no
+schedule), approximate sparse (a constant `--budget-tokens`) and speculative (that budget drafts
+`--draft-tokens` k, a dense pass verifies), each k its own arm. Decode tokens/s (prefill
+excluded: dense and identical everywhere), best of `--repeats`, interleaved; the realised
+acceptance (accepted / drafted drafts), tokens per verify pass per sequence, and the best k per
+context. The speculative arms' samples are the dense policy's: the ratio is a lossless speedup.
+Exit 1 when an arm generated nothing (a skipped measurement is no measurement).
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from sparrow.bench.device import load_bench_model, resolve_device_args
+from sparrow.bench.rollout import long_prompt
+from sparrow.cli.errors import ArgumentParser, at_least
+from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
+from sparrow.rollout.speculative import SpeculativeConfig
+
+QUICK = {"contexts": [256], "batch": 2, "new_tokens": 12, "budget_tokens": 64, "draft_tokens": [3]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    lm = load_bench_model(args)
+    rows = [one_context(lm, args, context) for context in args.contexts]
+    report = {"config": {**vars(args), "threads": torch.get_num_threads()}, "contexts": rows}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    empty = [r["context_tokens"] for r in rows if min(r["tok_s"].values()) <= 0]
+    if empty:
+        print(f"error: an arm decoded no token at context {empty}")
+        return 1
+    return 0
+
+
+def one_context(lm, args, context: int) -> dict:
+    prompt = long_prompt(lm.tokenizer, context, args.seed)
+    ps = args.page_size
+    pages = -(-len(prompt) // ps) + args.batch * (-(-args.new_tokens // ps) + 2) + 8
+    cfg = EngineConfig(
+        page_size=ps,
+        num_pages=pages,
+        max_batch_size=args.batch,
+        dtype=args.dtype,
+        linear_backend=args.linear_backend,
+        seed=args.seed,
+    )
+    budget = args.budget_tokens // ps
+    sparse = lambda context_tokens: budget  # noqa: E731
+    engines = {"dense": LLMEngine(lm.model, lm.tokenizer, cfg)}
+    engines["sparse"] = LLMEngine(lm.model, lm.tokenizer, cfg, schedule=sparse)
+    for k in args.draft_tokens:
+        spec = SpeculativeConfig(enabled=True, draft_tokens=k)
+        engines[f"spec_k{k}"] = LLMEngine(
+            lm.model, lm.tokenizer, cfg, schedule=sparse, speculative=spec
+        )
+    params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True)
+    tok_s = dict.fromkeys(engines, 0.0)
+    stats = {}
+    for engine in engines.values():  # warm-up: allocator, thread pools, packed weights
+        engine.generate([prompt], SamplingParams(1.0, max_tokens=3, ignore_eos=True), n=1)
+    for _ in range(args.repeats):  # interleaved, best of: the CPU may be shared
+        for name, engine in engines.items():
+            engine.generate([prompt], params, n=args.batch)
+            tok_s[name] = max(tok_s[name], engine.last_stats.decode_tok_s)
+            stats[name] = engine.last_stats
+    row = {
+        "context_tokens": len(prompt),
+        "budget_tokens": budget * ps,
+        "tok_s": tok_s,
+        "vs_dense": {name: t / tok_s["dense"] for name, t in tok_s.items()},
+        "acceptance": {},
+        "tokens_per_verify": {},
+    }
+    for k in args.draft_tokens:
+        s = stats[f"spec_k{k}"]
+        row["acceptance"][f"spec_k{k}"] = s.spec_accepted / max(s.spec_drafted, 1)
+        # Rounds count batches; each sequence of a round emits its accepted drafts plus one.
+        row["tokens_per_verify"][f"spec_k{k}"] = s.decode_tokens / max(
+            s.spec_rounds * args.batch, 1
+        )
+    spec_arms = [f"spec_k{k}" for k in args.draft_tokens]
+    row["best_k"] = int(max(spec_arms, key=tok_s.__getitem__).removeprefix("spec_k"))
+    _print(row, args)
+    return row
+
+
+def _print(row: dict, args) -> None:
+    print(
+        f"\ncontext {row['context_tokens']} tokens, batch {args.batch} (one shared prompt), "
+        f"{args.new_tokens} new tokens, budget {row['budget_tokens']} tokens"
+    )
+    for name, t in row["tok_s"].items():
+        extra = ""
+        if name in row["acceptance"]:
+            extra = (
+                f"  acceptance {row['acceptance'][name]:.3f}, "
+                f"{row['tokens_per_verify'][name]:.2f} tokens per verify"
+            )
+        print(f"  {name:9s} {t:9.1f} tok/s  {row['vs_dense'][name]:5.2f}x dense{extra}")
+    print(f"  best k: {row['best_k']}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = ArgumentParser(prog="sparrow-bench speculative", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--device", default=None, help="default: CUDA when present, else the CPU")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on a CPU")
+    p.add_argument(
+        "--contexts",
+        type=at_least(1),
+        nargs="+",
+        default=[2048, 4096, 6144, 8000],
+        help="prompt lengths in tokens (SmolLM2's limit is 8,192 positions)",
+    )
+    p.add_argument("--batch", type=at_least(1), default=4, help="samples of the prompt")
+    p.add_argument("--new-tokens", type=at_least(1), default=64)
+    p.add_argument("--budget-tokens", type=at_least(1), default=512, help="draft budget (tokens)")
+    p.add_argument("--draft-tokens", type=at_least(1), nargs="+", default=[2, 4, 6], help="k")
+    p.add_argument("--page-size", type=at_least(1), default=16)
+    p.add_argument("--linear-backend", default="onednn", choices=["torch", "onednn"])
+    p.add_argument("--repeats", type=at_least(1), default=2, help="timed runs; the best is kept")
+    p.add_argument(
+        "--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="reduced sizes: a smoke run")
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    resolve_device_args(args)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
