@@ -102,15 +102,19 @@ def test_rollout_rank_launch_takes_its_packages_from_the_wheel_folder(deps, tmp_
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:]
 
 
-def test_kernels_stage_on_the_cpu_returns_a_stamped_bundle_that_gpu_results_files(tmp_path):
-    """The kernels stage on this CPU, in a copy of the tree without .git, on an image without
-    the wheel folder's packages (the stage needs none): at most 4 files come back (the device
-    returns 8), the bundle names the commit from the carried COMMIT stamp, and
-    scripts/gpu_results.sh files it into a copy of docs/gpu with its table."""
+def test_kernels_stage_rehearsed_on_the_cpu_returns_a_stamped_bundle(tmp_path):
+    """The kernels stage rehearsed on this CPU (GPU_CHECK_ON_CPU=1: without it the stage refuses
+    to run), in a copy of the tree without .git, on an image without the wheel folder's packages
+    (the stage needs none): at most 4 files come back (the device returns 8), the bundle names
+    the commit from the carried COMMIT stamp and says the tree is the one stamped, every part
+    ran (the numeric check before the timed headline), and scripts/gpu_results.sh refuses the
+    CPU bundle; the same bundle as a GPU would have named it files into a copy of docs/gpu."""
     tree, out, docs = tmp_path / "tree", tmp_path / "out", tmp_path / "docs"
-    for folder in ("sparrow", "scripts"):
+    for folder in ("conf", "scripts", "sparrow", "tests"):  # what the fingerprint covers
         shutil.copytree(ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "docs/gpu", docs)
+    # Stamped here, from the checkout the copy was taken of: the same files, so the same
+    # fingerprint as the copy's on the "device".
     stamp = ["bash", str(ROOT / "scripts/gpu_wheels.sh"), "--stamp", "--dest", str(tree / "wheels")]
     subprocess.run(stamp, check=True, capture_output=True, timeout=60)
     commit = json.loads((tree / "wheels/COMMIT").read_text())["commit"]
@@ -119,20 +123,28 @@ def test_kernels_stage_on_the_cpu_returns_a_stamped_bundle_that_gpu_results_file
         "OUT": str(out),
         "PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT / "tests/simulated_image"),
+        "GPU_CHECK_ON_CPU": "1",
     }
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "kernels"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not (tree / ".git").exists()
     files = sorted(p.name for p in out.rglob("*") if p.is_file())
     assert files == ["kernels.json", "kernels.log"], files  # <= 4
     bundle = json.loads((out / "kernels.json").read_text())
     assert bundle["commit"] == commit and bundle["worst_case_s"] <= 420
-    assert [(p["name"], p["rc"]) for p in bundle["parts"]] == [("compile", 0), ("decode_step", 0)]
-    assert bundle["parts"][1]["result"]["runs"]  # the bench's own JSON, inside the bundle
+    assert bundle["stamp"]["tree_matches_stamp"] is True and bundle["on_cpu"] is True
+    ran = [(p["name"], p["rc"]) for p in bundle["parts"]]
+    assert ran == [("compile", 0), ("numerics", 0), ("decode_step", 0)]
+    assert all(c["ok"] for c in bundle["parts"][1]["result"]["checks"])  # the check's own JSON
+    assert bundle["parts"][2]["result"]["runs"]  # the bench's own JSON, inside the bundle
     script = [str(ROOT / "scripts/gpu_results.sh"), str(out), "--docs", str(docs)]
+    refused = subprocess.run(["bash", *script], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "names no GPU" in refused.stderr
+    bundle["versions"]["device"], bundle["on_cpu"] = "NVIDIA H100 80GB HBM3", False
+    (out / "kernels.json").write_text(json.dumps(bundle))
     subprocess.run(["bash", *script], check=True, capture_output=True, timeout=60)
     assert (docs / f"kernels_{commit[:12]}.json").exists()
     readme = (docs / "README.md").read_text()
-    assert f"| kernels | {commit[:12]}" in readme and "| 2/2 |" in readme
+    assert f"| kernels | {commit[:12]}" in readme and "| 3/3 |" in readme
     assert f"| {commit[:12]} | 4 | off |" in readme  # the decode-step row (CPU shape: batch 4)

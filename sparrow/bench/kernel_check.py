@@ -15,9 +15,11 @@ the op the engine calls (sparrow.kernels.ops) on inputs laid out as the engine l
 summaries in the cache dtype); its reference is the torch path the engine runs without Triton.
 
 Shapes: the model's (`--model`, default Qwen3-1.7B's on CUDA: hidden 2048, 16 q / 8 KV heads of
-128, MLP 6144), pages of 16 tokens, `--rows` sequences of 9 to 24 pages (partial last pages, one
-row under the budget), a budget of `--budget-pages`. Dtypes: the headline's bf16 and fp32 (the
-norm kernels run in half precision only: the engine takes torch's ops in fp32). Cache slots no
+128, MLP 6144), pages of 16 tokens, `--rows` sequences (16) of budget + 1 to 3 x budget pages
+(partial last pages, the last row within the budget), a budget of `--budget-pages` (16).
+Dtypes: the headline's bf16 and fp32 (the norm kernels run in half precision only: the engine
+takes torch's ops in fp32); on a CPU by default bf16 alone, 2 rows, a budget of 4 pages (the
+interpreter's run: the least work with a sparse and a dense row). Cache slots no
 token was written to hold NaN, so a kernel that reads one fails. Each comparison passes when
 every element is finite and |got - ref| <= atol + rtol * |ref| (`compare`); the JSON lists
 every comparison (its error, tolerance, mismatches), and the exit status is 1 when one failed.
@@ -167,8 +169,8 @@ class Pages:
 
 
 def paged_batch(c: Case) -> Pages:
-    """Rows of 9 to 24 pages with partial last pages (the budget's 8 by default below them),
-    the last row within its budget (a dense row of a sparse step)."""
+    """Rows of budget + 1 to 3 x budget pages with partial last pages, the last row within its
+    budget (a dense row of a sparse step)."""
     from sparrow.kernels import write_kv
 
     ps = c.page_size
@@ -307,17 +309,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=None,
                    help="the model's widths (random_init.py); default: the decode-step headline's "
                    "on CUDA (qwen3-1.7b), qwen3-debug on the CPU")  # fmt: skip
-    p.add_argument("--rows", type=int, default=None, help="sequences (default 16 / CPU 4)")
-    p.add_argument("--budget-pages", type=int, default=8, help="sparse rows' budget, >= 4")
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
-                   choices=["bfloat16", "float32"])  # fmt: skip
+    p.add_argument("--rows", type=int, default=None, help="sequences (default 16; CPU 2)")
+    p.add_argument("--budget-pages", type=int, default=None,
+                   help="sparse rows' budget, >= 4 (default 16: the selection's slot stride a "
+                   "multiple of 16, as the headline's 128, so the check meets its compiled "
+                   "variants; CPU 4)")  # fmt: skip
+    p.add_argument("--dtypes", nargs="+", default=None, choices=["bfloat16", "float32"],
+                   help="default: both on CUDA; bfloat16 on the CPU")  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="default: a fresh one, in the JSON")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     args.device = torch.device(args.device) if args.device else bench_device()
     gpu = args.device.type == "cuda"
     args.model = args.model or ("qwen3-1.7b" if gpu else "qwen3-debug")
-    args.rows = args.rows or (16 if gpu else 4)
+    # The CPU run is the interpreter's (tests, the GPU check's CPU rehearsal): the least work
+    # that still has a sparse and a dense row, in the headline's dtype.
+    args.dtypes = args.dtypes or (["bfloat16", "float32"] if gpu else ["bfloat16"])
+    args.rows = args.rows or (16 if gpu else 2)
+    args.budget_pages = args.budget_pages or (16 if gpu else 4)
     args.seed = random.randrange(1 << 31) if args.seed is None else args.seed
     if args.rows < 2 or args.budget_pages < 4:
         p.error("--rows must be >= 2 and --budget-pages >= 4 (sink + recent + one by score)")

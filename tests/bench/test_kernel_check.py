@@ -41,7 +41,7 @@ def run_check(tmp_path, *args: str) -> tuple[int, dict]:
 
 
 def test_every_decode_step_kernel_matches_its_reference_in_both_dtypes(tmp_path):
-    rc, report = run_check(tmp_path)
+    rc, report = run_check(tmp_path, "--dtypes", "bfloat16", "float32")
     assert rc == 0 and report["failed"] == [], report["failed"]
     checks = report["checks"]
     assert {c["kernel"] for c in checks} == KERNELS
@@ -102,7 +102,7 @@ def test_a_planted_wrong_kernel_result_fails_the_check(kernel, tmp_path, monkeyp
     module_name, launcher, plant = PLANTS[kernel]
     module = __import__(f"sparrow.kernels.{module_name}", fromlist=[launcher])
     monkeypatch.setattr(module, launcher, plant(getattr(module, launcher)))
-    # One sparse and one dense row in the headline's dtype: every kernel, at the least work.
+    # The CPU default: one sparse and one dense row in the headline's dtype (every kernel).
     rc, report = run_check(tmp_path, "--dtypes", "bfloat16", "--rows", "2", "--budget-pages", "4")
     assert rc == 1
     failed = {c["kernel"] for c in report["checks"] if not c["ok"]}
