@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -34,12 +35,12 @@ def deps(tmp_path_factory) -> Path:
         wheels = tmp / "wheels"
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         script = [str(ROOT / "scripts/gpu_wheels.sh"), "--python-version", version]
-        subprocess.run(["bash", *script, "--dest", str(wheels)], check=True, timeout=1500)
+        subprocess.run(["bash", *script, "--dest", str(wheels)], check=True, timeout=HANG_GUARD_S)
     target = tmp / "deps"
     files = sorted(str(w) for w in Path(wheels).glob("*.whl"))
     assert not [f for f in files if Path(f).name.startswith(("torch-", "triton-", "nvidia"))]
     install = ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target)]
-    subprocess.run([sys.executable, *install, *files], check=True, timeout=600)
+    subprocess.run([sys.executable, *install, *files], check=True, timeout=HANG_GUARD_S)
     return target
 
 
@@ -55,9 +56,9 @@ def _image(deps: Path, tmp_path: Path, with_deps: bool = True) -> dict[str, str]
     }
 
 
-def _python(args: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+def _python(args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
 
 
@@ -83,7 +84,7 @@ def test_tiny_step_runs_to_its_json(deps, tmp_path):
     argv += ["--json", str(out), "preset=tiny", "rollout.max_new_tokens=16"]
     # The GPU presets' actor settings: token-budget micro-batches, activation checkpointing.
     argv += ["actor.max_tokens_per_micro_batch=64", "actor.activation_checkpointing=true"]
-    done = _python(argv, _image(deps, tmp_path), timeout=1200)
+    done = _python(argv, _image(deps, tmp_path))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {"sparse", "dense", "rollout_speedup", "step_speedup"} <= report.keys()
@@ -98,7 +99,7 @@ def test_rollout_rank_launch_takes_its_packages_from_the_wheel_folder(deps, tmp_
     argv += ["--basetemp", str(tmp_path / "runs")]
     env = _image(deps, tmp_path) | {"PYTHON": sys.executable}
     done = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1500)  # fmt: skip
+                          text=True, timeout=HANG_GUARD_S)  # fmt: skip
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:]
 
 
@@ -116,7 +117,7 @@ def test_kernels_stage_rehearsed_on_the_cpu_returns_a_stamped_bundle(tmp_path):
     # Stamped here, from the checkout the copy was taken of: the same files, so the same
     # fingerprint as the copy's on the "device".
     stamp = ["bash", str(ROOT / "scripts/gpu_wheels.sh"), "--stamp", "--dest", str(tree / "wheels")]
-    subprocess.run(stamp, check=True, capture_output=True, timeout=60)
+    subprocess.run(stamp, check=True, capture_output=True, timeout=HANG_GUARD_S)
     commit = json.loads((tree / "wheels/COMMIT").read_text())["commit"]
     env = _image(tmp_path / "no-deps", tmp_path, with_deps=False)
     env |= {
@@ -126,7 +127,7 @@ def test_kernels_stage_rehearsed_on_the_cpu_returns_a_stamped_bundle(tmp_path):
         "GPU_CHECK_ON_CPU": "1",
     }
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "kernels"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not (tree / ".git").exists()
     files = sorted(p.name for p in out.rglob("*") if p.is_file())
@@ -139,11 +140,13 @@ def test_kernels_stage_rehearsed_on_the_cpu_returns_a_stamped_bundle(tmp_path):
     assert all(c["ok"] for c in bundle["parts"][1]["result"]["checks"])  # the check's own JSON
     assert bundle["parts"][2]["result"]["runs"]  # the bench's own JSON, inside the bundle
     script = [str(ROOT / "scripts/gpu_results.sh"), str(out), "--docs", str(docs)]
-    refused = subprocess.run(["bash", *script], capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        ["bash", *script], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert refused.returncode != 0 and "names no GPU" in refused.stderr
     bundle["versions"]["device"], bundle["on_cpu"] = "NVIDIA H100 80GB HBM3", False
     (out / "kernels.json").write_text(json.dumps(bundle))
-    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=60)
+    subprocess.run(["bash", *script], check=True, capture_output=True, timeout=HANG_GUARD_S)
     assert (docs / f"kernels_{commit[:12]}.json").exists()
     readme = (docs / "README.md").read_text()
     assert f"| kernels | {commit[:12]}" in readme and "| 3/3 |" in readme
