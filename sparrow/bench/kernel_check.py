@@ -222,9 +222,9 @@ def check_write_kv(c: Case, p: Pages) -> list[dict]:
             every = torch.arange(num_pages, device=c.device)
             full = torch.full((num_pages,), c.page_size, device=c.device)
             update_page_summaries(k_cache, summary, every, full)  # the state before the step
-            ref_summary = PageSummary(None, summary.k_min.clone(), summary.k_max.clone())
-        ops.write_kv(*caches, k, v, slots, summary)
-        append_kv(*refs, k, v, slots, ref_summary, backend="torch")
+            ref_summary = PageSummary(None, *(t.clone() for t in summary.tables))  # min, max
+        ops.write_kv(caches[0], caches[1], k, v, slots, summary)
+        append_kv(refs[0], refs[1], k, v, slots, ref_summary, backend="torch")
         name = "with summaries" if summaries else "no summaries"
         records += [
             compare("write_kv", f"k cache, {name}", c.dtype, caches[0], refs[0], *tol),
@@ -244,7 +244,7 @@ def check_decode(c: Case, p: Pages) -> list[dict]:
     from sparrow.kernels.decode_triton import paged_decode_triton
     from sparrow.kernels.selection import page_scores_torch, select_from_scores, selection_plan
 
-    rule = dict(page_size=c.page_size, num_sink=1, num_recent=2)
+    rule: dict[str, int] = {"page_size": c.page_size, "num_sink": 1, "num_recent": 2}
     num_pages = p.k_cache.shape[0]
     summary = PageSummary.empty(num_pages, c.kv_heads, c.head_dim, c.device, score="quest",
                                 dtype=c.dtype)  # fmt: skip
@@ -256,10 +256,11 @@ def check_decode(c: Case, p: Pages) -> list[dict]:
                           torch.tensor(fills, device=c.device))  # fmt: skip
     qk = c.randn(c.rows, c.q_heads + 2 * c.kv_heads, c.head_dim)
     q = qk[:, : c.q_heads]  # (B, H_q, D): a strided view, as the engine passes it
-    plan = selection_plan(p.page_table, p.seq_lens, p.budgets, trim=True, **rule)
+    plan = selection_plan(p.page_table, p.seq_lens, p.budgets, page_size=c.page_size,
+                          num_sink=1, num_recent=2, trim=True)  # fmt: skip
     table = p.page_table[:, : plan.phys.shape[1]]
     scores = ops.page_scores(q, summary, table, p.seq_lens, "quest", c.page_size)
-    fp32 = PageSummary(None, summary.k_min.float(), summary.k_max.float())
+    fp32 = PageSummary(None, *(t.float() for t in summary.tables))  # quest: min, max
     ref_scores = page_scores_torch(q.float(), fp32, table, p.seq_lens, "quest", c.page_size, plan)
     num_logical = (p.seq_lens.long() + c.page_size - 1) // c.page_size  # (B,)
     columns = torch.arange(table.shape[1], device=c.device)

@@ -76,7 +76,8 @@ def test_a_distill_step_over_the_device_is_refused_naming_its_rows():
     """distill=default's 4 rows of 8K tokens need ~184 GiB at the update: refused before
     anything loads, in one line naming distill.micro_batch_size (the actor knobs cannot size
     it), where before the adapter was counted the plan fit and the update ran out of memory."""
-    with pytest.raises(MemoryRefused, match=r"distill step needs .* lower distill.micro_batch_size=4"):
+    refusal = r"distill step needs .* lower distill.micro_batch_size=4"
+    with pytest.raises(MemoryRefused, match=refusal):
         fit_memory(gpu_cfg(8192, "distill=default"), QWEN17, 1, True, H100, longest_prompt=64)
 
 
