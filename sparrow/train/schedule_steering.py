@@ -13,12 +13,16 @@ from sparrow.train.config import SparrowConfig
 
 class ScheduleSteering:
     """Owns the controller (None under schedule.mode=dense: the engine attends densely) and
-    keeps the engine's schedule equal to the controller's."""
+    keeps the engine's schedule equal to the controller's. With speculative rollouts the
+    controller holds its budgets (the rows' acceptance is not the drafts')."""
 
     def __init__(self, cfg: SparrowConfig, engine, shape: ModelShape, ranks: Ranks):
         self.controller = make_controller(cfg.schedule, cfg.controller)
         self.engine, self.shape, self.ranks = engine, shape, ranks
         self.tau = cfg.controller.tau
+        # Speculative rollouts record the dense pass's rows: their acceptance is the noise floor,
+        # not the drafts', and would walk every bin down to the smallest budget.
+        self.holds = cfg.rollout.speculative.enabled
         self.page_size = cfg.rollout.engine.page_size
         eng = cfg.rollout.engine
         self.cost = engine_cost_config(eng.page_size, len(eng.dense_layers), eng.dtype)
@@ -43,8 +47,9 @@ class ScheduleSteering:
                 self.shape, prompt_tokens, output_tokens, len(batch), rolled_with, self.cost
             ),
         }
-        self.controller.update(stats)
-        self.push()
+        if not self.holds:
+            self.controller.update(stats)
+            self.push()
         for i, b in enumerate(self.controller.schedule.budgets_pages):
             metrics[f"schedule/budget_pages/bin{i}"] = b
         return metrics

@@ -188,6 +188,13 @@ def format_plan(
             f"{rl.prompts_per_step} groups have rewards not all equal, at most "
             f"{rl.dynamic_sampling.max_rounds} rounds (sampling/* per step)"
         )
+    spec = cfg.rollout.speculative
+    if spec.enabled:
+        held = "" if schedule.mode == "dense" else "; the controller holds its budgets"
+        lines.append(
+            f"  speculative rollouts: {spec.draft_tokens} sparse drafts per dense verify pass, "
+            f"samples the dense policy's{held}"
+        )
     if seeds is not None:
         lines.append(f"  {seeds}")
     if model_config is not None:

@@ -7,6 +7,7 @@ import pytest
 from test_loop_fake_actor import _trainer
 
 from sparrow.cli.config_loader import ConfigError, load_config
+from sparrow.train.step_report import format_plan
 
 SPECULATIVE = ("rollout.speculative.enabled=true", "rollout.speculative.draft_tokens=3")
 
@@ -42,3 +43,15 @@ def test_speculative_rows_carry_the_dense_policys_log_probs(tmp_path, distill):
 def test_a_merged_adapter_cannot_verify(tmp_path):
     with pytest.raises(ConfigError, match="distill.gate=true"):
         load_config(["preset=tiny", *SPECULATIVE, "distill=default", "distill.gate=false"])
+
+
+def test_the_controller_holds_its_budgets_under_speculative_rollouts(tmp_path):
+    """The rows are the dense pass's: their acceptance (the noise floor, ~1) says nothing of the
+    drafts' and would lower every bin step after step; the budgets stay as set and the plan
+    says so."""
+    online = ("schedule.mode=online", "schedule.budgets_pages=[6]", "controller.patience=1")
+    trainer = _trainer(tmp_path, *SPECULATIVE, *online, "controller.min_tokens=1")
+    for _ in range(2):
+        trainer.train_step()
+    assert list(trainer.steering.controller.schedule.budgets_pages) == [6]  # would be [3, 3]
+    assert "the controller holds its budgets" in format_plan(trainer.cfg, "data", 1)
