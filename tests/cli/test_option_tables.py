@@ -1,7 +1,7 @@
 """The guides (docs/guide/) and the README stay true to the code and short to read: every config
 field has a doc comment and a line in a guide's generated table, the tables are current, every
-config key or group option a guide names exists, every guide starts with a command, and no
-paragraph runs over 8 lines (issue 63)."""
+config key or group option a guide names exists, every guide starts with a command, no paragraph
+runs over 8 lines, and the README (at most 150 lines) links every guide (issue 63)."""
 
 import re
 from dataclasses import dataclass, field
@@ -145,7 +145,7 @@ def paragraphs(text: str) -> list[tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("path", GUIDES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [ROOT / "README.md", *GUIDES], ids=lambda p: p.name)
 def test_no_paragraph_runs_over_eight_lines(path):
     long = [(f"{path.name}:{at}", n) for at, n in paragraphs(path.read_text()) if n > 8]
     assert not long, f"paragraphs over {MAX_PARAGRAPH_LINES} lines (where, lines): {long}"
@@ -162,6 +162,14 @@ def test_every_guide_starts_with_a_command(path):
     assert lines[0].startswith("# ") and lines[1] == "```bash", f"{path.name}: {lines[1]!r}"
     first = next(line for line in lines[2:] if not line.startswith("#"))
     assert re.match(r"(\. |sparrow-|make |bash |python |[A-Z_]+=)", first), first
+
+
+def test_the_readme_is_short_and_links_every_guide():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert text.startswith("# sparrow\n\n```bash\nmake train   #")
+    unlinked = [p.name for p in GUIDES if f"(docs/guide/{p.name})" not in text]
+    assert not unlinked, unlinked
 
 
 def test_the_presets_guide_names_every_preset():
