@@ -1,4 +1,4 @@
-"""A reward of your own for GSM8K-shaped data (README, "Your model, data and reward"):
+"""A reward of your own for GSM8K-shaped data (docs/guide/your-model-data-reward.md):
 
     sparrow-train preset=tiny data=jsonl data.source=examples/gsm8k_mini.jsonl \
         data.prompt_column=question data.answer_extractor=gsm8k \

@@ -1,4 +1,4 @@
-"""A reward of a user's own, as `rl.reward.function` loads it (README, "Using it"):
+"""A reward of a user's own, as `rl.reward.function` loads it (docs/guide/, "Your reward"):
 
     sparrow-train preset=tiny rl.reward.function=tests/data/my_reward.py:score
     sparrow-train preset=tiny rl.reward.function=tests/data/my_reward.py:score_all \

@@ -2,7 +2,7 @@
 that returns MORE scores than completions is refused like a short list (its batch scores 0 and
 is counted, never cut to length); an infinite score is an error like NaN (0, counted, never
 trained on), per completion and inside a batch; and a batched call's deadline is
-`rl.reward.timeout_s` times its batch (README, "Your own reward"), in this process and in an
+`rl.reward.timeout_s` times its batch (docs/guide/, "Your reward"), in this process and in an
 isolated worker: a batch slower than one completion's deadline but within the batch's is no
 timeout."""
 

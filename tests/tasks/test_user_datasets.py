@@ -247,7 +247,7 @@ def _fresh_logging():
     [
         (
             [{"question": "Hi?", "answer": "#### 1"}] * 4,
-            ['data.template="Solve: {problem}"'],  # quoted for Hydra, as the README writes it
+            ['data.template="Solve: {problem}"'],  # quoted for Hydra, as the guide writes it
             "error: data.template field {{problem}} names no column of {path}; columns are "
             "['answer', 'question']",
         ),
