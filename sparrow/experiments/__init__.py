@@ -17,7 +17,9 @@
   (copies, settled budgets, tails); distill_tail: a finished run's held-out tail with and without
   its adapter, paired; distill_table: the report from docs/distill/runs (docs/distill/).
 - default_run_report: the default run's table and the README's results row, from
-  docs/default_run/metrics.jsonl (`--check`: are they current).
+  docs/default_run/metrics.jsonl (`--check`: are they current); default_run_spread: the
+  committed runs of make train's config over seeds and hosts, and the claim a run on another
+  host is held to.
 - pipeline_simulation: a cost simulation (not a measurement) of the 8-H200 step of Qwen3-1.7B at
   32K, colocated against one-step-off R rollout + T training GPUs, dense and sparse; writes
   docs/pipeline/README.md's table (`--check`: is it current).

@@ -1,13 +1,15 @@
-"""The default run's report (`make train`: `sparrow-train` on its embedded CPU default), from
-docs/default_run/metrics.jsonl alone: the table of docs/default_run/README.md and the default
-run's row of the README's results table, each written between its markers. Both are generated,
-so neither can drift from the run that is committed beside them.
+"""The default run's report (`make train`: `sparrow-train` on its embedded CPU default): the
+table of docs/default_run/README.md from docs/default_run/metrics.jsonl, its spread section and
+the README's results row from that run and the other committed runs of its config
+(default_run_spread.py: seeds and hosts), each written between its markers. All are generated,
+so none can drift from the runs committed beside them.
 
     python -m sparrow.experiments.default_run_report           # rewrite both from the metrics
     python -m sparrow.experiments.default_run_report --check   # exit 1 if either is stale
 
-The non-timing values of the committed metrics are what the code gives (the run is seeded and
-reproducible on this machine): tests/experiments/test_default_run.py reruns the first steps.
+The non-timing values of the committed metrics are what the code gives on the host that ran it
+(the run is seeded; another host's CPU rounds otherwise): tests/experiments/test_default_run.py
+reruns the first steps there and the whole run, held to the spread, elsewhere.
 """
 
 import argparse
@@ -16,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparrow.experiments import default_run_spread as spread_runs
 from sparrow.train.logs.metrics_logger import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,20 +139,26 @@ def format_table(run: DefaultRun) -> str:
     return "| | |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
 
 
-def format_row(run: DefaultRun, commit: str, date: str) -> str:
-    """The README's results row (its columns: figure, value, command, commit, date, study)."""
+def format_row(run: DefaultRun, spread: spread_runs.Spread) -> str:
+    """The README's results row (its columns: figure, value, command, commit, date, study): the
+    held-out result over the spread's runs; the controller's figures of the committed run."""
     figure = (
-        f"{ROW_PREFIX[2:]}{run.steps} steps, n = {run.eval_n}): held-out accuracy; KV-read ratio "
-        f"and p5 after step {SETTLED_AFTER}"
+        f"{ROW_PREFIX[2:]}{run.steps} steps, n = {run.eval_n}): held-out accuracy over the "
+        f"committed runs; the committed run's (seed 0, host A) KV-read ratio and p5 after step "
+        f"{SETTLED_AFTER}"
     )
     kv_read = statistics.fmean(run.kv_read)
     value = (
-        f"{run.acc_before:.3f} -> {run.acc_after:.3f} (paired {run.delta:+.3f}, 95% CI "
-        f"{run.delta_lo:+.3f} to {run.delta_hi:+.3f}); KV-read **{kv_read:.3f}**"
-        f", p5 >= {run.tau - TAU_SLACK:.2f} at {sum(run.tail_held)} of {len(run.tail_held)} steps"
+        f"{spread_runs.format_value(spread)}. Committed run: {run.acc_before:.3f} -> "
+        f"{run.acc_after:.3f} (paired {run.delta:+.3f}, 95% CI {run.delta_lo:+.3f} to "
+        f"{run.delta_hi:+.3f}); KV-read **{kv_read:.3f}**, p5 >= {run.tau - TAU_SLACK:.2f} at "
+        f"{sum(run.tail_held)} of {len(run.tail_held)} steps"
     )
+    commits = ", ".join(dict.fromkeys(o.run.commit for o in spread.outcomes))
+    dates = sorted(o.run.date for o in spread.outcomes)
+    date = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
     study = "[docs/default_run/](docs/default_run/)"
-    return f"| {figure} | {value} | `make train` | {commit} | {date} | {study} |"
+    return f"| {figure} | {value} | `make train` | {commits} | {date} | {study} |"
 
 
 def replace_row(text: str, row: str) -> str:
@@ -170,24 +179,20 @@ def splice(text: str, begin: str, end: str, body: str) -> str:
     return f"{before}{begin}\n{body}{end}{rest.split(end, 1)[1]}"
 
 
-def _stamp(docs: Path) -> tuple[str, str]:
-    """(commit, date) of the run, from the first line of its console.log, which the regenerating
-    command writes: `$ sparrow-train  # commit C, date D, ...`."""
-    head = (docs / "console.log").read_text().splitlines()[0]
-    commit = head.split("commit ", 1)[1].split(",", 1)[0].strip()
-    date = head.split("date ", 1)[1].split(",", 1)[0].strip()
-    return commit, date
-
-
-def regenerate(docs: Path = DOCS, readme: Path = REPO / "README.md") -> dict[Path, str]:
-    """The two files' texts with the run's table and row rewritten (not written)."""
+def regenerate(
+    docs: Path = DOCS,
+    readme: Path = REPO / "README.md",
+    spread: spread_runs.Spread | None = None,
+) -> dict[Path, str]:
+    """The two files' texts with the run's table, the spread and the row rewritten (not
+    written); `spread` defaults to the committed runs (default_run_spread.SPREAD)."""
     run = summarize(read_metrics(docs))
-    commit, date = _stamp(docs)
+    spread = spread or spread_runs.read_spread()
     study = docs / "README.md"
-    return {
-        study: splice(study.read_text(), TABLE_BEGIN, TABLE_END, format_table(run)),
-        readme: replace_row(readme.read_text(), format_row(run, commit, date)),
-    }
+    text = splice(study.read_text(), TABLE_BEGIN, TABLE_END, format_table(run))
+    begin, end = spread_runs.SPREAD_BEGIN, spread_runs.SPREAD_END
+    text = splice(text, begin, end, spread_runs.format_table(spread))
+    return {study: text, readme: replace_row(readme.read_text(), format_row(run, spread))}
 
 
 def main(argv: list[str] | None = None) -> int:

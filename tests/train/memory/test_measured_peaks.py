@@ -7,7 +7,9 @@ every phase boundary (the PhaseTimer's phases, the evaluation) and read VmHWM th
 sampled), and recorded the RSS when the memory fit ran (the plan's `runtime`). rl.steps=2: AdamW's
 state is created at the end of the first update, so the second update is the first whose backward
 holds it and the run's peak (later steps repeat its shapes; the full `make train` at 4d2ba94 peaked
-at 12.7 GiB under /usr/bin/time -v). tests/train/test_host_memory.py's slow test measures both
+at 12.7 GiB under /usr/bin/time -v, on a host not fingerprinted, its load not recorded:
+docs/default_run/README.md has later peaks with their host and load). The VM's host and load at
+61744cc were not recorded either. tests/train/test_host_memory.py's slow test measures both
 commands again, with the process's ru_maxrss against the plan its own fit made.
 """
 
