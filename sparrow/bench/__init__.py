@@ -12,6 +12,7 @@ dense_shared.py      dense-shared: one prompt's samples, shared pages via the ke
 random_runner.py     a prefilled model runner over random weights of a real model's shapes
 kernel.py            kernel: sparse vs dense decode of one layer (time, bytes); --aot
 kernel_aot.py        every Triton variant compiled ahead of time (regs, spills, smem)
+kernel_check.py      kernel-check: each decode-step Triton kernel against its torch reference
 kernel_configs.py    the kernel benchmark's shapes and tile sweep
 prefix.py            prefix: generate with the shared prefix computed once vs not
 rollout.py           rollout: engine vs HF generate; sparse vs dense decode and p5
