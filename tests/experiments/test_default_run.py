@@ -20,6 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.cli.config_loader import load_config
 from sparrow.experiments import default_run_report as report
@@ -136,7 +137,7 @@ def _host_check() -> tuple[bool, str]:
         env=_run_env(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_GUARD_S,
         check=True,
     )
     here, committed = json.loads(out.stdout), run_host(DOCS)
@@ -151,8 +152,9 @@ def _host_check() -> tuple[bool, str]:
 def _make_train(run_dir: Path, *overrides: str) -> Path:
     # `make train` runs `sparrow-train` with no overrides but these.
     cmd = [sys.executable, "-m", "sparrow.cli.train", *overrides, f"run_dir={run_dir}"]
+    # 4 h: the whole default run (slow) on a CPU (tests/hang_guard.py).
     out = subprocess.run(
-        cmd, cwd=ROOT, env=_run_env(), capture_output=True, text=True, timeout=4 * 3600
+        cmd, cwd=ROOT, env=_run_env(), capture_output=True, text=True, timeout=8 * HANG_GUARD_S
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return run_dir
