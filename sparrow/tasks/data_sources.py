@@ -100,6 +100,7 @@ def _file_problem(source: str, split: str, extension: str) -> DataError | None:
         lines = f.read().split(b"\n")
     if not any(line.strip() for line in lines):
         return DataError(f"dataset {source} (split {split!r}) is empty: it holds only blank lines")
+    documents: list[tuple[int | None, bytes]]
     if extension == ".json":
         documents = [(None, b"\n".join(lines))]
     elif extension == ".jsonl":

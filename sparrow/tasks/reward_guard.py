@@ -219,6 +219,7 @@ def _call_in_thread(fn: Callable, args: tuple, timeout_s: float, name: str) -> t
     thread.join(timeout_s)
     with lock:
         if state["running"]:  # past the deadline: stop it if it is running Python code
+            assert thread.ident is not None, "a started thread has an id"
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(thread.ident), ctypes.py_object(_Abandoned)
             )
