@@ -334,6 +334,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def build_case(args, config, dtype: str, interpreted: bool) -> Case:
+    """One dtype's comparison inputs at the model's widths, on `args.device`."""
+    return Case(
+        hidden=config.hidden_size, intermediate=config.intermediate_size,
+        q_heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim, eps=config.rms_norm_eps,
+        rope_theta=getattr(config, "rope_theta", 1e6), rows=args.rows, page_size=16,
+        budget_pages=args.budget_pages, dtype=getattr(torch, dtype), device=args.device,
+        gen=torch.Generator(device=args.device).manual_seed(args.seed), interpreted=interpreted,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from sparrow.kernels import decode_triton
@@ -355,15 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtypes": args.dtypes, "checks": [], "failed": [],
     }  # fmt: skip
     for name in args.dtypes:
-        case = Case(
-            hidden=config.hidden_size, intermediate=config.intermediate_size,
-            q_heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim, eps=config.rms_norm_eps,
-            rope_theta=getattr(config, "rope_theta", 1e6), rows=args.rows, page_size=16,
-            budget_pages=args.budget_pages, dtype=getattr(torch, name), device=args.device,
-            gen=torch.Generator(device=args.device).manual_seed(args.seed), interpreted=interpreted,
-        )  # fmt: skip
-        records = run_case(case)
+        records = run_case(build_case(args, config, name, interpreted))
         report["checks"] += records
         report["failed"] += [f"{r['kernel']} ({r['case']}, {r['dtype']})" for r in records
                              if not r["ok"]]  # fmt: skip

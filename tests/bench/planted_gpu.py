@@ -79,7 +79,10 @@ def build(name: str, module, args):
         return bench, module.sequences(bench, args.batches[0], args.samples, args.context)
     if name == "kernel":
         return module.build_layer(args, args.contexts[0], args.device)
-    if name in ("rollout", "prefix"):
+    if name == "kernel-check":  # one dtype's comparison inputs: the rows, the paged batch
+        case = module.build_case(args, module.random_model_config(args.model), "bfloat16", False)
+        return case, module.paged_batch(case)
+    if name in ("rollout", "prefix", "speculative"):
         from sparrow.rollout.engine import EngineConfig, LLMEngine
 
         loaded = load_on_device(args)
@@ -113,6 +116,8 @@ TINY = {  # arguments that keep each build small
     "kernel": ["--contexts", "64", "--budgets", "32", "--batch", "2"],
     "rollout": ["--model", "tiny-qwen3", "--quick"],
     "prefix": ["--model", "tiny-qwen3", "--quick"],
+    "speculative": ["--model", "tiny-qwen3", "--quick"],
+    "kernel-check": ["--rows", "2"],
     "dense-shared": ["--model", "tiny-qwen3", "--context", "40", "--samples", "2"],
     "distill-attention": [],
     "step": [],
