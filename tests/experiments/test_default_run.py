@@ -79,6 +79,26 @@ def test_the_generated_row_follows_the_metrics(tmp_path):
     assert "**0.123**" in study and "final accuracy 0.123 to 0.987" in study
 
 
+def test_a_host_label_means_one_fingerprint(tmp_path):
+    """Runs labelled one host whose host.json differ, or two labels with one fingerprint, are
+    refused: the spread's host count is the fingerprints'."""
+    b = next(r for r in spread_runs.SPREAD if run_host(ROOT / r.path) is not None)
+    _copy_run(ROOT / b.path, tmp_path / "b1")
+    _copy_run(ROOT / b.path, tmp_path / "b2")
+    other = json.loads((tmp_path / "b2" / "host.json").read_text())
+    other["launches"][0]["fingerprint"]["threads"] += 1
+    (tmp_path / "b2" / "host.json").write_text(json.dumps(other))
+    runs = (replace(b, path="b1"), replace(b, path="b2"))
+    with pytest.raises(ValueError, match="carry different host.json"):
+        spread_runs.read_spread(runs, tmp_path)
+    assert (
+        len(spread_runs.read_spread(runs[:1] + (replace(b, path="b2", host="C"),), tmp_path).hosts)
+        == 2
+    )
+    with pytest.raises(ValueError, match="two host labels carry one fingerprint"):
+        spread_runs.read_spread((runs[0], replace(b, path="b1", host="C")), tmp_path)
+
+
 def test_the_spread_holds_only_runs_of_make_trains_config():
     """docs/pipeline's sync_s0 repeats the committed run value for value (its sync arm is make
     train's config); a spread run that stored its config differs from make train's only in
