@@ -16,6 +16,7 @@ Every launch in a run dir appends its fingerprint and the step it started from (
 so a run resumed on another host says so.
 """
 
+import argparse
 import json
 import platform
 import re
@@ -104,6 +105,16 @@ def describe(fingerprint: dict) -> str:
     )
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sparrow.train.run.host`: this host's fingerprint as JSON on stdout."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sparrow.train.run.host", description=main.__doc__
+    )
+    parser.parse_args(argv)
     json.dump(host_fingerprint(), sys.stdout, indent=1)
     print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
