@@ -70,7 +70,7 @@ def speculative_round(
         active = still
     logits = engine.runner.verify(seqs, [len(d) + 1 for d in drafts], tracked)  # (N, V)
     target = Distributions(logits, params.temperature, params.top_p, params.top_k).probs()
-    uniforms = engine.sampler.uniforms(sum(len(d) for d in drafts)).tolist()
+    uniforms = engine.sampler.uniforms(sum(len(d) for d in drafts))  # on the logits' device
     flat: list[Sequence] = []
     offsets: list[int] = []
     tokens: list[int] = []
@@ -82,7 +82,7 @@ def speculative_round(
             torch.stack(q) if q else target[:0],
             target[start : start + n + 1],
             drafted,
-            torch.tensor(uniforms[used : used + n]),
+            uniforms[used : used + n],
             lambda w: int(engine.sampler.draw_from(w[None])[0]),
         )
         out = drafted[: verdict.num_accepted] + [verdict.next_token]
