@@ -132,24 +132,10 @@ class ModelRunner:
             bounds.append((start, start + new))
             last_rows.append(start + new - 1)
             start += new
-        meta = PrefillMetadata(
-            kv_rows=self._to(torch.cat(kv_rows)),
-            slot_mapping=self._to(torch.cat(slots)),
-            page_ids=self._to(torch.cat(page_ids)),
-            fill_counts=self._to(torch.cat(fills)),
-            context_slots=contexts if any(c is not None for c in contexts) else None,
+        written = (torch.cat(kv_rows), torch.cat(slots), torch.cat(page_ids), torch.cat(fills))
+        return self._run_prefill(
+            ids, positions, bounds, torch.tensor(last_rows), written, contexts, update_summaries
         )
-        logits = self.model.prefill(
-            self._to(torch.cat(ids)),
-            self._to(torch.cat(positions)),
-            bounds,
-            self._to(torch.tensor(last_rows)),
-            self.kv,
-            meta,
-        )
-        if update_summaries:
-            self.kv.update_summaries(meta.page_ids, meta.fill_counts)
-        return logits
 
     @torch.inference_mode()
     def verify(self, seqs: list[Sequence], num_new: list[int], update_summaries: bool) -> Tensor:
@@ -176,18 +162,36 @@ class ModelRunner:
             contexts.append(self._to(token_slots[:cached]) if cached else None)
             bounds.append((start, start + new))
             start += new
+        every = torch.arange(start)  # every new token's K/V written, and its logits returned
+        written = (every, torch.cat(slots), torch.cat(page_ids), torch.cat(fills))
+        return self._run_prefill(ids, positions, bounds, every, written, contexts, update_summaries)
+
+    def _run_prefill(
+        self,
+        ids: list[Tensor],
+        positions: list[Tensor],
+        bounds: list[tuple[int, int]],
+        logit_rows: Tensor,
+        written: tuple[Tensor, Tensor, Tensor, Tensor],
+        contexts: list[Tensor | None],
+        update_summaries: bool,
+    ) -> Tensor:
+        """The model over the concatenated new tokens of each group -> logits at `logit_rows`;
+        `written`: (rows whose K/V are written, their cache slots, the pages written, their
+        fills), host tensors; `contexts`: each group's cached context slots (device) or None."""
+        kv_rows, slots, page_ids, fills = written
         meta = PrefillMetadata(
-            kv_rows=self._to(torch.arange(start)),
-            slot_mapping=self._to(torch.cat(slots)),
-            page_ids=self._to(torch.cat(page_ids)),
-            fill_counts=self._to(torch.cat(fills)),
+            kv_rows=self._to(kv_rows),
+            slot_mapping=self._to(slots),
+            page_ids=self._to(page_ids),
+            fill_counts=self._to(fills),
             context_slots=contexts if any(c is not None for c in contexts) else None,
         )
         logits = self.model.prefill(
             self._to(torch.cat(ids)),
             self._to(torch.cat(positions)),
             bounds,
-            self._to(torch.arange(start)),
+            self._to(logit_rows),
             self.kv,
             meta,
         )
