@@ -51,7 +51,7 @@ SPREAD = (
 @dataclass(frozen=True)
 class Outcome:
     run: SpreadRun
-    steps: int
+    steps: int  # the last step logged (a step whose update was skipped for want of signal counts)
     eval_n: int  # held-out prompts
     before: float
     after: float
@@ -84,7 +84,7 @@ def outcome(run: SpreadRun, rows: list[dict]) -> Outcome:
     first, last = evals[0], evals[-1]
     return Outcome(
         run=run,
-        steps=sum("loss/loss" in r for r in rows),
+        steps=max(r["step"] for r in rows),
         eval_n=int(last["eval/n"]),
         before=first["eval/accuracy"],
         after=last["eval/accuracy"],
@@ -122,7 +122,7 @@ def claim_failures(run: Outcome, spread: Spread) -> list[str]:
     failures = []
     if not run.gain_lo > 0:
         failures.append(
-            f"gain {run.gain:+.3f}: its 95% CI ({run.gain_lo:+.3f}) does not lie above 0"
+            f"gain {run.gain:+.3f}: its 95% CI, from {run.gain_lo:+.3f}, does not lie above 0"
         )
     lo, hi = spread.after
     if run.after_hi < lo or run.after_lo > hi:

@@ -143,6 +143,15 @@ def test_the_claim_refuses_a_run_that_does_not_learn_or_lands_outside_the_spread
     assert spread_runs.claim_failures(near, spread) == []
 
 
+def test_a_step_whose_update_was_skipped_is_a_step():
+    """A run that learned nothing (every update skipped: no loss logged) still ran its 13 steps:
+    the claim, not the step count, is what refuses it."""
+    b = spread_runs.SPREAD[-1]
+    rows = read_metrics(ROOT / b.path)
+    skipped = [{k: v for k, v in r.items() if not k.startswith("loss/")} for r in rows]
+    assert spread_runs.outcome(b, skipped).steps == spread_runs.outcome(b, rows).steps == 13
+
+
 def _run_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
     return env | {"HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
