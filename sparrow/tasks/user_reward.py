@@ -45,7 +45,7 @@ def load_reward_function(spec: str, kwargs: dict[str, Any], batched: bool) -> Ca
         raise RewardFunctionError(
             f"{KEY}={spec!r}: expected path/to/file.py:FUNCTION or package.module:FUNCTION"
         )
-    module = _import(source, spec)
+    module = import_source(source, spec)
     fn = getattr(module, name, None)
     if fn is None:
         defined = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
@@ -78,8 +78,9 @@ def _check_signature(
         ) from None
 
 
-def _import(source: str, spec: str) -> Any:
-    """The module of a file path (anything ending in .py or holding a '/') or a module name."""
+def import_source(source: str, spec: str, key: str = KEY) -> Any:
+    """The module of a file path (anything ending in .py or holding a '/') or a module name;
+    RewardFunctionError names `key`=`spec` (env.function uses it too)."""
     is_file = source.endswith(".py") or "/" in source
     try:
         if is_file:
@@ -88,20 +89,20 @@ def _import(source: str, spec: str) -> Any:
                 hint = f" (a relative path is taken from the current directory, {Path.cwd()})"
                 if Path(source).expanduser().is_absolute():
                     hint = ""
-                raise RewardFunctionError(f"{KEY}={spec!r}: no such file {path}{hint}")
+                raise RewardFunctionError(f"{key}={spec!r}: no such file {path}{hint}")
             return _file_module(path)
         return importlib.import_module(source)
     except ModuleNotFoundError as err:
         if not is_file and err.name is not None and source.startswith(err.name):
             raise RewardFunctionError(
-                f"{KEY}={spec!r}: no module named {err.name!r} (give path/to/file.py:FUNCTION "
+                f"{key}={spec!r}: no module named {err.name!r} (give path/to/file.py:FUNCTION "
                 "for a file, or put the module's folder on PYTHONPATH)"
             ) from None
-        raise RewardFunctionError(_import_failed(spec, source, err)) from None
+        raise RewardFunctionError(_import_failed(spec, source, err, key)) from None
     except RewardFunctionError:
         raise
     except (Exception, SystemExit) as err:  # SyntaxError included: the user's code, not ours
-        raise RewardFunctionError(_import_failed(spec, source, err)) from None
+        raise RewardFunctionError(_import_failed(spec, source, err, key)) from None
 
 
 def _file_module(path: Path) -> Any:
@@ -122,14 +123,14 @@ def _file_module(path: Path) -> Any:
     return _FILE_MODULES[key]
 
 
-def _import_failed(spec: str, source: str, err: BaseException) -> str:
+def _import_failed(spec: str, source: str, err: BaseException, key: str = KEY) -> str:
     """One line: what importing the user's code raised, and where in it."""
     where = ""
     frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
     if frames and not isinstance(err, SyntaxError):  # a SyntaxError's message has its line
         where = f" at {frames[-1].filename}:{frames[-1].lineno}"
     message = " ".join(str(err).split())
-    return f"{KEY}={spec!r}: importing {source} raised {type(err).__name__}: {message}{where}"
+    return f"{key}={spec!r}: importing {source} raised {type(err).__name__}: {message}{where}"
 
 
 def build_user_reward(
