@@ -61,3 +61,17 @@ def tune_cpu_allocator() -> bool:
     ok &= mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     tuned = tuned or bool(ok)
     return bool(ok)
+
+
+def trim_heap() -> bool:
+    """glibc's `malloc_trim(0)`: hand the heap's free pages back to the kernel (the engine's
+    sleep, sparrow/rollout/sleep.py, after freeing its pool: the raised trim threshold above
+    keeps up to 2 GB of free top otherwise). False where there is no glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(malloc_trim(0))

@@ -40,6 +40,7 @@ from sparrow.rollout.paged_attention import SparseAttentionConfig
 from sparrow.rollout.sampler import Sampler, SamplerOutput
 from sparrow.rollout.scheduler import DecodeBatch, PrefillBatch, Scheduler
 from sparrow.rollout.sequence import Sequence
+from sparrow.rollout.sleep import check_level
 from sparrow.rollout.speculative import SpeculativeConfig
 from sparrow.rollout.speculative_round import speculative_round
 
@@ -74,8 +75,13 @@ class EngineConfig:
     # generate: compute the whole KV pages that all of a call's (two or more distinct) prompts
     # start with once, and prefill each prompt only from there (few-shot prompts share ~90%).
     share_prefix: bool = True
+    # Between a rollout and the next, what the trainer frees for the actor's phases (sleep.py):
+    # off | kv (pool, page summaries, graphs) | weights (and the weight copy, pushed again on
+    # wake). The memory fit turns on kv when its plan needs it.
+    sleep: str = "off"
 
     def __post_init__(self):
+        check_level(self.sleep)
         if self.max_batch_size < 1 or self.max_prefill_tokens < 1:
             raise ValueError(
                 "rollout.engine.max_batch_size and max_prefill_tokens must be >= 1, got "
@@ -159,15 +165,27 @@ class LLMEngine:
 
     def update_weights(self, state_dict: dict[str, Tensor]) -> None:
         """Copy HF-named weights (any subset; e.g. base + merged LoRA) in place; cache untouched.
-        A LoRA set with `set_lora` is kept."""
-        self.runner.model.load_state_dict(state_dict)
+        A LoRA set with `set_lora` is kept. After sleep("weights"): every weight."""
+        self.runner.load_weights([state_dict])
 
     def update_weights_in_buckets(self, buckets: Iterable[Mapping[str, Tensor]]) -> None:
         """`update_weights` one bucket at a time (a weight push, rollout/weight_push.py), the
         linear backend repacked once after the last."""
-        for bucket in buckets:
-            self.runner.model.load_state_dict(bucket, repack=False)
-        self.runner.model.repack()
+        self.runner.load_weights(buckets)
+
+    def sleep(self, level: str) -> None:
+        """Free the KV cache and decode graphs ("kv"), and the weight copy too ("weights"), until
+        `wake` or the next generate/score (sleep.py); "off" does nothing."""
+        if check_level(level) != "off":
+            self.runner.sleep(weights=level == "weights")
+
+    def wake(self) -> None:
+        """Re-allocate what `sleep` freed; a freed weight copy waits for `update_weights`."""
+        self.runner.wake()
+
+    @property
+    def asleep(self) -> bool:
+        return self.runner.asleep
 
     def set_lora(self, factors: dict[str, tuple[Tensor, Tensor]] | None) -> None:
         """An unmerged LoRA applied only at sparse decode steps (budget < pages; every layer of
@@ -196,6 +214,7 @@ class LLMEngine:
         the engine's own (seed + call index), which then does not advance.
         """
         _check_prompts(prompts, n, params)
+        self.runner.ensure_awake()
         _check_window(self.model_config, prompts, [params.max_tokens] * len(prompts), "max_tokens")
         schedules = self._per_sequence(schedules, len(prompts) * n)
         kept = _logits_store(params, logits_rows, len(prompts) * n)
@@ -309,6 +328,7 @@ class LLMEngine:
         pages, as in generate, so dense and sparse replays of one prompt cost one prefill; every
         sequence is held in the cache at once (no preemption)."""
         _check_window(self.model_config, prompts, [len(c) for c in completions], "completion")
+        self.runner.ensure_awake()
         schedules = self._per_sequence(schedules, len(prompts))
         bm = BlockManager(self.cfg.num_pages, self.cfg.page_size)
         seqs = [

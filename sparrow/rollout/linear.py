@@ -36,6 +36,10 @@ class Linear:
                 raise ValueError("linear backend 'onednn' needs float32 weights on the CPU")
             self._packed[w.data_ptr()] = torch.ops.mkldnn._reorder_linear_weight(w, self.batch_hint)
 
+    def clear(self) -> None:
+        """Drop the packed copies (the engine's sleep frees the weights they were packed from)."""
+        self._packed.clear()
+
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """x (N, in) -> (N, out)."""
         packed = self._packed.get(weight.data_ptr()) if self._packed else None

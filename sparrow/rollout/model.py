@@ -119,6 +119,15 @@ class DecoderModel:
         if missing:
             raise KeyError(f"state dict lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}")
 
+    def missing_weights(self, loaded: set[str]) -> set[str]:
+        """The weights a load of the names `loaded` left unset (a tied LM head is the embedding)."""
+        tied = {"lm_head.weight"} if self.shape.tied_embeddings else set()
+        return set(self._targets) - loaded - tied
+
+    def weight_tensors(self) -> list[Tensor]:
+        """Every weight (views of the fused ones included), for the engine's sleep to free."""
+        return list(self._targets.values())
+
     def _parameter_views(self) -> dict[str, Tensor]:
         """HF parameter name -> the slice of sparrow's (fused) weight that holds it."""
         s = self.shape

@@ -34,6 +34,7 @@ from sparrow.rollout.paged_attention import (
     SparseAttentionConfig,
 )
 from sparrow.rollout.sequence import Sequence
+from sparrow.rollout.sleep import release_storages, restore_storages, return_memory
 
 
 class ModelRunner:
@@ -59,26 +60,19 @@ class ModelRunner:
         self.model = DecoderModel(
             hf_model.config, state, dtype, self.device, linear, triton_kernels=triton_kernels
         )
-        shape = self.model.shape
         self.page_size = attn.page_size
-        self.kv = PagedKVCache(
-            attn,
-            num_layers=shape.num_layers,
-            num_pages=num_pages + 1,  # the last one is the padding rows' scratch page
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=dtype,
-            device=self.device,
-        )
-        self.graphs = None
+        self._cache_args = (attn, num_pages + 1, dtype)  # the last page: padding rows' scratch
+        self._kv: PagedKVCache | None = self._new_cache()
         if cuda_graphs and (self.device.type != "cuda" or self.kv.dense_copy is not None):
             # A GPU config run on a CPU (tests, smoke runs) decodes eagerly, unpadded.
             warnings.warn(
                 "cuda_graphs needs CUDA and the Triton backend: decoding eagerly", stacklevel=2
             )
             cuda_graphs = False
-        if cuda_graphs:
-            self.graphs = DecodeGraphs(self._forward)
+        self.cuda_graphs = cuda_graphs
+        self.graphs = DecodeGraphs(self._forward) if cuda_graphs else None
+        self._released: list | None = None  # sleep("weights"): the weight copy's storages
+        self.weights_pending = False  # woken without weights: the next load must hold them all
         self.plan = DecodePlan(
             page_size=attn.page_size,
             num_sink=attn.num_sink,
@@ -90,10 +84,84 @@ class ModelRunner:
             slots=max_batch_size,
         )
 
+    def _new_cache(self) -> PagedKVCache:
+        attn, num_pages, dtype = self._cache_args
+        shape = self.model.shape
+        return PagedKVCache(
+            attn,
+            num_layers=shape.num_layers,
+            num_pages=num_pages,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=dtype,
+            device=self.device,
+        )
+
+    @property
+    def kv(self) -> PagedKVCache:
+        if self._kv is None:
+            raise RuntimeError("the engine is asleep (its KV cache freed): wake it first")
+        return self._kv
+
+    @property
+    def asleep(self) -> bool:
+        return self._kv is None
+
     @property
     def sparse_settings(self):
         """The sparse attention's settings (page size, dense layers, page scoring)."""
-        return self.kv.cfg
+        return self._cache_args[0]
+
+    def sleep(self, weights: bool) -> None:
+        """Free the KV cache (pool, page summaries, dense copies) and the decode graphs with
+        their memory pool; with `weights` also the weight copy's storage (sleep.py)."""
+        self._kv, self.graphs = None, None
+        if weights and self._released is None:
+            self._released = release_storages(self.model.weight_tensors())
+            self.model.linear.clear()  # packed copies, keyed by the freed addresses
+        return_memory(self.device)
+
+    def wake(self) -> None:
+        """Re-allocate what `sleep` freed: an empty cache (a new engine's), graphs re-captured
+        per step shape as they are met; a freed weight copy is re-allocated unfilled, and
+        `weights_pending` until a load holds every weight."""
+        if self._kv is None:
+            self._kv = self._new_cache()
+            self.graphs = DecodeGraphs(self._forward) if self.cuda_graphs else None
+        if self._released is not None:
+            restore_storages(self._released)
+            self._released, self.weights_pending = None, True
+
+    def load_weights(self, buckets) -> None:
+        """HF-named weight buckets copied in place, the packed copies rebuilt once after the
+        last. Woken from sleep("weights"): re-allocated first, and the buckets must hold every
+        weight (the freed copy's bytes are gone)."""
+        if self._released is not None:
+            self.wake()
+        loaded: set[str] = set()
+        for bucket in buckets:
+            loaded |= self.model.load_state_dict(bucket, repack=False)
+        self.model.repack()
+        if self.weights_pending:
+            missing = self.model.missing_weights(loaded)
+            if missing:
+                raise ValueError(
+                    f"the engine slept with its weights released (rollout.engine.sleep=weights):"
+                    f" the push after waking must hold every weight, it lacks {len(missing)}, "
+                    f"e.g. {sorted(missing)[:3]}"
+                )
+            self.weights_pending = False
+
+    def ensure_awake(self) -> None:
+        """Before a generate or score: the cache re-allocated if asleep; refused while a freed
+        weight copy has not been pushed again."""
+        self.wake()
+        if self.weights_pending:
+            raise RuntimeError(
+                "the engine slept with its weights released (rollout.engine.sleep=weights): "
+                "push the actor's weights (update_weights) before generating"
+            )
+
 
     @torch.inference_mode()
     def prefill(self, groups: list[list[Sequence]], update_summaries: bool) -> Tensor:
