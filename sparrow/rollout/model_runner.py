@@ -162,7 +162,6 @@ class ModelRunner:
                 "push the actor's weights (update_weights) before generating"
             )
 
-
     @torch.inference_mode()
     def prefill(self, groups: list[list[Sequence]], update_summaries: bool) -> Tensor:
         """Logits (G, V) fp32 after the last token of each group. A group whose sequences have
