@@ -205,7 +205,21 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def verify(self, seqs: list[Sequence], num_new: list[int], update_summaries: bool) -> Tensor:
+    def extend(self, seqs: list[Sequence], num_new: list[int], update_summaries: bool) -> Tensor:
+        """A multi-turn episode's next chunk (rollout/episodes.py): the last num_new[i] tokens of
+        each sequence (the closing token of its turn and the observation after it) computed
+        onto its cached K/V at their true positions, as `verify` computes drafts; logits (B, V)
+        fp32 after each sequence's last token only."""
+        return self.verify(seqs, num_new, update_summaries, last_only=True)
+
+    @torch.inference_mode()
+    def verify(
+        self,
+        seqs: list[Sequence],
+        num_new: list[int],
+        update_summaries: bool,
+        last_only: bool = False,
+    ) -> Tensor:
         """The dense pass of speculative decoding: logits (sum(num_new), V) fp32 at each of the
         last num_new[i] tokens of each sequence (its last cached token and its drafts), which
         attend densely to the cached K/V before them and causally to each other. Their K/V are
@@ -231,7 +245,8 @@ class ModelRunner:
             start += new
         every = torch.arange(start)  # every new token's K/V written, and its logits returned
         written = (every, torch.cat(slots), torch.cat(page_ids), torch.cat(fills))
-        return self._run_prefill(ids, positions, bounds, every, written, contexts, update_summaries)
+        rows = torch.tensor([end - 1 for _, end in bounds]) if last_only else every
+        return self._run_prefill(ids, positions, bounds, rows, written, contexts, update_summaries)
 
     def _run_prefill(
         self,

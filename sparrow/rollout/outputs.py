@@ -8,7 +8,7 @@ per-token Python. On request (`SamplingParams.return_logits`) it also keeps, for
 sequences, the raw logits each token was sampled from (`LogitsStore`).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -35,6 +35,26 @@ class GenerationOutput:
     # (T, V) fp32 raw logits (before temperature, top-k, top-p) each token was sampled from;
     # None unless generate was asked for them (SamplingParams.return_logits)
     logits: Tensor | None = None
+    # A multi-turn episode (rollout/episodes.py): token_ids hold every turn and the
+    # observations between them; (T,) bool True on the observation tokens, which the policy did
+    # not sample (their per-token records are 0). None: a single-turn completion.
+    observation_mask: Tensor | None = None
+    episode: "EpisodeInfo | None" = None  # the episode's turns, reward and tool counts
+
+
+@dataclass
+class EpisodeInfo:
+    """What a multi-turn episode did besides its tokens (rollout/episodes.py)."""
+
+    turns: int  # assistant turns sampled
+    reward: float  # the sum of the environment's per-turn rewards
+    tool_calls: int  # parsed in the assistant turns
+    tool_errors: int  # of those, failed (malformed, raised, timed out, too big, non-text)
+    observation_tokens: int  # appended after the assistant turns (mask 0)
+    truncated_observations: int  # observations cut to env.max_observation_tokens
+    # Per continuation (turn 2 on): tokens its prefill chunk computed onto the cached K/V (the
+    # closing token of the turn before, which no decode step wrote, plus the observation).
+    chunk_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -127,6 +127,12 @@ class Scheduler:
         self.running = scheduled
         return DecodeBatch(list(scheduled))
 
+    def preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's pages and queue it to be recomputed (a multi-turn episode
+        whose observation finds no free page for its tokens)."""
+        self.running.remove(seq)
+        self._preempt(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
