@@ -170,9 +170,14 @@ class Monitor:
         )
         return AcceptanceResult(result.metrics | speedup, result.stats, result.histograms)
 
-    def _speedup(self, step: int, prompt_ids: list[list[int]], rollout_stats) -> dict:
+    def probes_speedup(self, step: int) -> bool:
+        """Whether `measure` of step `step` re-rolls out on the engine (the speedup probe), with
+        the weights the step's rows were drawn with: the engine's sleep keeps them until then."""
         every = self.cfg.speedup_every
-        if self.engine.schedule is None or not every or (step + 1) % every:
+        return self.engine.schedule is not None and bool(every) and (step + 1) % every == 0
+
+    def _speedup(self, step: int, prompt_ids: list[list[int]], rollout_stats) -> dict:
+        if not self.probes_speedup(step):
             return {}
         return measure_speedup(
             self.engine,

@@ -267,6 +267,13 @@ class SparrowConfig:
                 "theta's: set distill.gate=true (the adapter then drafts only)"
             )
         eng = self.rollout.engine
+        in_process = self.rl.async_rollout.staleness and not self.cluster.rollout_ranks
+        if eng.sleep != "off" and in_process:
+            raise ValueError(
+                f"rollout.engine.sleep={eng.sleep} with rl.async.staleness=1: the engine draws "
+                "the next rollout beside the update, so it cannot sleep through it; set "
+                "rollout.engine.sleep=off, or draw on rollout ranks (cluster.rollout_ranks)"
+            )
         if eng.num_pages < 1 or eng.page_size < 1:
             raise ValueError(
                 f"rollout.engine.num_pages and page_size must be >= 1, got {eng.num_pages} "

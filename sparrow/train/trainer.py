@@ -234,6 +234,7 @@ class GRPOTrainer:
             dense, row_logits = self._before_update(timer, rollout)
         if steered is None and dense is not None:  # separate: measured before the weights move
             steered = self._measure_and_steer(timer, train.prompts, rollout, sampled, dense)
+        self._sleep_engine(free_weights=not self.monitor.probes_speedup(self.step))
         with timer("update"):
             num_tokens = self.ranks.sum(rollout.batch.completion_mask.sum())
             token_advantages = broadcast_to_tokens(advantages, rollout.batch.completion_mask)
@@ -247,6 +248,7 @@ class GRPOTrainer:
         if steered is None:  # the update's forward measured the exact rows
             steered = self._measure_and_steer(timer, train.prompts, rollout, sampled, dense, exact)
         acceptance, control = steered
+        self._sleep_engine()  # woken by the monitor's speedup probe, if it ran
         with timer("distill"):
             # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
             # frozen base and for the engine; a frozen theta (rl.update_policy=false) is in both.
@@ -258,6 +260,7 @@ class GRPOTrainer:
             with timer("rollout_wait"):  # the engine's weights never change under a generate
                 self.source.wait()
         with timer("sync"):
+            self.engine.wake()  # a freed weight copy is refilled by the sync's full push
             self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
             self.draw.version = self.step + 1
             pushed = self.source.push(self.actor, self.step + 1)
@@ -312,6 +315,7 @@ class GRPOTrainer:
         """(dense, row_logits): rl.dense_pass=separate: the dense pass's LogprobOutput, None;
         update: None, the exact rows' rollout logits for the update's forward to measure."""
         if self.dense_pass == "separate":
+            self._sleep_engine(free_weights=False)  # the monitor's engine passes come next
             with timer("logprobs"):
                 return self._logprobs(rollout.batch), None
         with timer("monitor"):
@@ -322,6 +326,7 @@ class GRPOTrainer:
         or, when no update forward ran (no signal, frozen theta), a dense pass now (the weights
         are still those the batch was rolled out with)."""
         if dense is None:
+            self._sleep_engine(free_weights=not self.monitor.probes_speedup(self.step))
             with timer("logprobs"):
                 dense = self._logprobs(batch)
         return dense, None
@@ -395,6 +400,15 @@ class GRPOTrainer:
             self.engine.update_weights(weights or self.actor.gathered_state_dict())
         if self.distill is not None:
             self.engine.set_lora(self.distill.lora_factors())
+
+    def _sleep_engine(self, free_weights: bool = True) -> None:
+        """Before an actor phase, the engine's memory handed to it (rollout.engine.sleep,
+        rollout/sleep.py) until the sync wakes it, or a monitor pass on the engine does.
+        `free_weights`: False while an engine pass with the rollout's weights may still come."""
+        level = self.cfg.rollout.engine.sleep
+        if level == "weights" and not (free_weights and self.cfg.rl.update_policy):
+            level = "kv"  # a frozen theta is not pushed again: its copy stays
+        self.engine.sleep(level)
 
     def _log_histograms(self, histograms: dict[str, list[float]]) -> None:
         for name, values in histograms.items():
