@@ -25,7 +25,7 @@ from sparrow.cli.config_loader import load_stored_config
 from sparrow.cli.errors import ArgumentParser, UserError, at_least, one_line, run_main
 from sparrow.distributed import Ranks
 from sparrow.malloc import tune_cpu_allocator
-from sparrow.models.loading import load_model
+from sparrow.models.loading import ADAPTER_BASE, load_model
 from sparrow.rollout.engine import LLMEngine
 from sparrow.tasks.data import DataError, PromptsTooLong, load_eval_prompts
 from sparrow.tasks.rewards import build_reward
@@ -118,6 +118,9 @@ def _find_policy(path: Path) -> tuple[Path, Path | None]:
             "finishes) or an exported policy dir"
         )
     policy = path / "policy" if (path / FILE_NAME).is_file() or (path / "policy").is_dir() else path
+    if (policy / ADAPTER_BASE).is_file():  # a LoRA run's policy/adapter/: the run dir above
+        stored = policy.parent.parent / FILE_NAME
+        return policy, stored if stored.is_file() else None
     if not (policy / "config.json").is_file():
         raise UserError(
             f"{policy} holds no exported policy (no config.json): sparrow-train writes "

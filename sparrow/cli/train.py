@@ -7,7 +7,7 @@
 
 Multi-node: scripts/launch_multinode.sh wraps torchrun around this module.
 
-Exit codes: 0 done; 2 bad input (config, data, model, reward function, paths, disk, a run dir
+Exit codes: 0 done; 2 bad input (config, data, model, reward or env function, paths, disk, a run dir
 whose config or checkpoint does not match, or that holds files no sparrow run wrote), one line on
 stderr naming the key or path, or a run dir that another live run holds (naming its host, pid and
 start time); 3 training stopped on non-finite updates or weights, one line naming the last good
@@ -69,6 +69,7 @@ def _train(argv: list[str] | None) -> int:
     except ConfigError as err:
         return stop_line(f"sparrow-train: config error: {err}", 2)
     _check_user_reward(cfg.rl.reward)
+    _check_env_function(getattr(cfg, "env", None))
 
     from sparrow.train.run.lock import RunDirBusy, RunDirLock
     from sparrow.train.run.run_dir import RunDirRefused, check_run_dir
@@ -100,6 +101,24 @@ def _check_user_reward(reward) -> None:
             reward.function, reward.kwargs, reward.batched, reward.isolate, reward.env_passthrough
         )
     except RewardFunctionError as err:
+        raise UserError(one_line(err)) from err
+
+
+def _check_env_function(env) -> None:
+    """An environment of the user's (env.function) that cannot be used stops here, in one line,
+    before any model is loaded; an isolated one is checked in its own worker."""
+    if env is None or not env.function:
+        return
+    from sparrow.tasks.environment import EnvSpecError, check_env_function
+
+    try:
+        if env.isolate:
+            from sparrow.tasks.env_guard import GuardedEnvFactory
+
+            GuardedEnvFactory(env.function, isolate=True).close()
+        else:
+            check_env_function(env.function)
+    except EnvSpecError as err:
         raise UserError(one_line(err)) from err
 
 

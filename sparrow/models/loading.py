@@ -6,12 +6,15 @@
 - `tiny-qwen3` / `tiny-llama` / `tiny-qwen2` / `tiny-mistral`: seeded random-initialised models of
   each family in families.py, with a byte-level BPE tokenizer trained locally, for tests and the
   smoke preset.
+- a LoRA adapter directory (a LoRA RL run's `policy/adapter/`: peft's files and `base_model.json`,
+  the ModelConfig of its base): the base loaded as above, the adapter merged into it.
 - anything else: `AutoModelForCausalLM.from_pretrained(name)` (hub id or local directory).
 
     python -c "from sparrow.models.loading import *; print(load_model(ModelConfig()).model)"
 """
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -50,6 +53,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADAPTER_BASE = "base_model.json"  # in an exported adapter dir: the ModelConfig of its base
 
 
 class ModelUnreadable(ValueError):
@@ -73,6 +77,8 @@ class LoadedModel:
 
 def load_model(cfg: ModelConfig) -> LoadedModel:
     dtype = _torch_dtype(cfg.dtype)
+    if (Path(cfg.name) / ADAPTER_BASE).is_file():
+        return _load_adapter(Path(cfg.name), cfg.dtype)
     if cfg.name in TINY_FAMILIES:
         return _load_tiny(TINY_FAMILIES[cfg.name], cfg.seed, dtype)
     path = str(smollm2_dir(cfg.cache_dir)) if cfg.name == SMOLLM2 else cfg.name
@@ -93,6 +99,22 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         ) from err
     _ensure_pad_token(tokenizer)
     return LoadedModel(model.eval(), tokenizer)
+
+
+def _load_adapter(path: Path, dtype: str) -> LoadedModel:
+    """The base its `base_model.json` names, with the peft adapter of `path` merged in."""
+    from peft import PeftModel  # only adapter dirs need peft
+
+    base = json.loads((path / ADAPTER_BASE).read_text())
+    loaded = load_model(ModelConfig(**{**base, "dtype": dtype}))
+    try:
+        merged = PeftModel.from_pretrained(loaded.model, str(path)).merge_and_unload()
+    except (OSError, ValueError, SafetensorError) as err:
+        why = " ".join(str(err).split())
+        raise ModelUnreadable(
+            f"{path}: the LoRA adapter cannot be read ({why}); export it again"
+        ) from err
+    return LoadedModel(merged.eval(), loaded.tokenizer)  # type: ignore[arg-type]
 
 
 def cache_root(cache_dir: str | None = None) -> Path:

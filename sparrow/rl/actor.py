@@ -43,6 +43,7 @@ if not torch.cuda.is_available():
 import deepspeed  # noqa: E402
 
 from sparrow.distributed import Ranks  # noqa: E402
+from sparrow.rl import policy_adapter  # noqa: E402
 from sparrow.rl.activation_checkpointing import checkpoint_decoder_layers  # noqa: E402
 from sparrow.rl.actor_config import ActorConfig, lr_multiplier  # noqa: E402
 from sparrow.rl.deterministic_backward import deterministic_backward  # noqa: E402
@@ -60,6 +61,7 @@ from sparrow.rl.policy_logprobs import (  # noqa: E402
     Scores,
 )
 from sparrow.rl.shared_prompt_passes import check_shared_prompts  # noqa: E402
+from sparrow.rollout.lora import wire_tensors  # noqa: E402
 from sparrow.rollout.weight_push import plan_buckets  # noqa: E402
 
 deepspeed.utils.logger.setLevel(logging.WARNING)
@@ -83,15 +85,20 @@ class DenseActor:
         self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # LoRA RL: the adapter alone trains (and is what the optimizer holds state for).
+        self.peft = policy_adapter.wrap(model, cfg.lora) if cfg.lora.rank else None
+        if self.peft is not None:
+            model = cast(PreTrainedModel, self.peft.base_model.model)  # LoRA layers injected
         if cfg.activation_checkpointing:
             checkpoint_decoder_layers(model.get_decoder())
         decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+        groups = [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
         optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": cfg.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
+            [g for g in groups if g["params"]],  # a LoRA adapter (actor.lora) has matrices only
             lr=cfg.lr,
             betas=(cfg.betas[0], cfg.betas[1]),  # a config list as AdamW's pair
         )
@@ -342,11 +349,48 @@ class DenseActor:
             raise ValueError(f"{what}: ranks differ ({int(low)}..{int(high)})")
 
     def gathered_state_dict(self) -> dict[str, Tensor]:
-        """Full HF-named weights on every rank (collective under ZeRO-3), for the engine sync.
+        """Full HF-named weights on every rank (collective under ZeRO-3), for the engine sync;
+        with a LoRA adapter the merged policy's (W + s B A, fresh tensors).
 
         Below ZeRO-3 the tensors alias the live weights: copy them before the next train_step
         if they must outlive it.
         """
+        if self.peft is not None:
+            names = policy_adapter.base_names(self.model)
+            base = self._gathered_state_dict()
+            state = {names[k]: v for k, v in base.items() if k in names}
+            return policy_adapter.merged_state_dict(state, self.adapter_factors())
+        return self._gathered_state_dict()
+
+    def adapter_factors(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """The LoRA adapter as the engine takes it (policy_adapter.factors), whole on every rank
+        (a collective under ZeRO-3)."""
+        assert self.peft is not None, "actor.lora.rank is 0: the actor has no adapter"
+        with self._gathered(policy_adapter.adapter_parameters(self.model)):
+            return policy_adapter.factors(self.model)
+
+    @torch.no_grad()
+    def base_token_logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        temperature: float,
+        groups: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """(b, T) fp32 token log-probs of one micro-batch under the base, the adapter disabled
+        for the pass (peft's disable_adapter): a LoRA run's KL reference, no second copy."""
+        assert self.peft is not None, "actor.lora.rank is 0: the actor has no adapter"
+        with self.peft.disable_adapter():
+            return self._forward(input_ids, attention_mask, 0, temperature, groups)[0]
+
+    @staticmethod
+    def _gathered(params: list) -> contextlib.AbstractContextManager:
+        partitioned = [p for p in params if hasattr(p, "ds_id")]
+        if not partitioned:
+            return contextlib.nullcontext()
+        return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+
+    def _gathered_state_dict(self) -> dict[str, Tensor]:
         gathered: dict[int, Tensor] = {}
         out = {}
         for name, tensor in self.model.state_dict(keep_vars=True).items():
@@ -363,7 +407,12 @@ class DenseActor:
         self, bucket_bytes: int, dtype: torch.dtype
     ) -> Iterator[list[tuple[str, Tensor]]]:
         """The policy's weights a bucket at a time, for a weight push: see `parameter_buckets`
-        (a collective under ZeRO-3: every rank of the actor draws every bucket)."""
+        (a collective under ZeRO-3: every rank of the actor draws every bucket); with a LoRA
+        adapter the adapter alone, as `sparrow.rollout.lora.wire_tensors` (whole on every rank)."""
+        if self.peft is not None:
+            tensors = list(wire_tensors(self.adapter_factors()))
+            sizes = [t.numel() * max(t.dtype.itemsize, dtype.itemsize) for _, t in tensors]
+            return iter([[tensors[i] for i in b] for b in plan_buckets(sizes, bucket_bytes)])
         return parameter_buckets(self.model, bucket_bytes, dtype)
 
     def save_checkpoint(self, directory: str | Path) -> None:
@@ -390,6 +439,10 @@ class DenseActor:
             self.model.save_pretrained(str(directory), state_dict=state)
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(directory))
+        if self.peft is not None:  # the adapter too, in peft's format, under `adapter/`
+            with self._gathered(policy_adapter.adapter_parameters(self.model)):
+                if self.rank == 0:
+                    self.peft.save_pretrained(str(Path(directory) / "adapter"))
         self.ranks.barrier()
 
 

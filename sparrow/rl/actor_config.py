@@ -3,7 +3,50 @@ itself so that reading a config imports neither DeepSpeed nor the actor (benchma
 engine, the trainer run with a plain-torch actor)."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# The decoder linears the rollout engine can add a LoRA delta to (sparrow.rollout.lora).
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class PolicyLoraConfig:
+    """LoRA RL of the policy (sparrow.rl.policy_adapter): a peft adapter trained on the frozen base;
+    the weight sync pushes the adapter alone and the engine adds it at every forward."""
+
+    rank: int = 0  # LoRA rank r of the policy adapter; 0: no adapter, every weight trains
+    alpha: float = 16.0  # LoRA alpha: the adapter's update B A is scaled by alpha / rank
+    # peft targets: all-linear (every decoder linear, not the LM head) or a comma-separated
+    # subset of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+    target_modules: str = "all-linear"
+    # LoRA dropout on the adapter's input: only 0 runs (the actor scores in eval mode, so the
+    # PPO ratio is 1 at a step's first update and the kept dense log-probs are the policy's)
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.rank < 0:
+            raise ValueError(f"actor.lora.rank must be >= 0 (0: off), got {self.rank}")
+        if self.rank and self.alpha <= 0:
+            raise ValueError(f"actor.lora.alpha must be > 0, got {self.alpha}")
+        if self.dropout != 0:
+            raise ValueError(
+                f"actor.lora.dropout={self.dropout} is not supported: the actor scores in eval "
+                "mode (the PPO ratio is 1 at a step's first update), so dropout would never act; "
+                "use 0"
+            )
+        unknown = sorted(set(self.modules()) - set(LORA_MODULES))
+        if self.target_modules != "all-linear" and (unknown or not self.modules()):
+            raise ValueError(
+                f"actor.lora.target_modules={self.target_modules!r}: the engine applies LoRA to "
+                f"all-linear or a comma-separated subset of {','.join(LORA_MODULES)} "
+                f"(not {','.join(unknown) or 'an empty list'})"
+            )
+
+    def modules(self) -> list[str] | str:
+        """peft's target_modules: "all-linear" or the list of module names."""
+        if self.target_modules == "all-linear":
+            return "all-linear"
+        return [m.strip() for m in self.target_modules.split(",") if m.strip()]
 
 
 @dataclass
@@ -32,6 +75,7 @@ class ActorConfig:
     # long-context runs whose slowest rank rolls out 10 min longer. Also how long the others
     # wait for a rank that hangs (one that dies is seen at once: its connections close).
     collective_timeout_min: float = 60.0
+    lora: PolicyLoraConfig = field(default_factory=PolicyLoraConfig)  # LoRA RL (rank 0: off)
 
     def __post_init__(self):
         if self.zero_stage not in (0, 1, 2, 3):

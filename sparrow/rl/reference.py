@@ -21,6 +21,24 @@ from sparrow.rl.actor_config import ActorConfig
 from sparrow.rl.policy_logprobs import PolicyWithLogprobs
 
 
+class AdapterOffReference:
+    """The KL reference of a LoRA run: the actor's forward with its adapter disabled (the frozen
+    base is the run's initial policy, since the adapter starts at B = 0)."""
+
+    def __init__(self, actor, cfg: ActorConfig):
+        self.actor = actor
+        self.share_prompts = cfg.share_prompts
+
+    @torch.no_grad()
+    def token_logprobs(self, micro_batch: dict[str, Tensor], temperature: float) -> Tensor:
+        """(b, T) fp32 log-probs of the micro-batch's tokens under the base policy."""
+        groups = None
+        if self.share_prompts and "prompt_lens" in micro_batch and "group_ids" in micro_batch:
+            groups = (micro_batch["prompt_lens"], micro_batch["group_ids"])
+        ids, mask = micro_batch["input_ids"], micro_batch["attention_mask"]
+        return self.actor.base_token_logprobs(ids, mask, temperature, groups)
+
+
 class ReferencePolicy:
     def __init__(self, model: PreTrainedModel, cfg: ActorConfig):
         frozen = copy.deepcopy(model).eval().requires_grad_(False)

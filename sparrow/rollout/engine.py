@@ -25,7 +25,7 @@ except after a preemption of a sparsely decoded row (there `score`'s replay is t
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from sparrow.models.families import check_family, check_window
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.linear import Linear
+from sparrow.rollout.lora import from_wire
 from sparrow.rollout.model_runner import ModelRunner
 from sparrow.rollout.outputs import GenerateStats, GenerationOutput, LogitsStore, TokenRecords
 from sparrow.rollout.paged_attention import SparseAttentionConfig

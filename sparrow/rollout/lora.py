@@ -1,4 +1,5 @@
-"""Unmerged LoRA deltas on the engine's fused linears, added only to the rows a gate selects.
+"""Unmerged LoRA deltas on the engine's fused linears: DistillSparse's, added only to the rows a
+gate selects, and the policy's (LoRA RL, actor.lora), added to every row of every forward.
 
 DistillSparse's gated mode (docs/DESIGN.md §1, issue 7): the adapter phi corrects the sparse policy
 where attention is sparse, so the engine keeps the dense weights theta in its fused matrices and
@@ -6,12 +7,17 @@ phi as low-rank factors beside them. A decode step adds gate * (x A^T) B^T after
 linear, with gate = 1 on the rows whose budget drops pages; prefill and dense rows see W alone.
 Merging phi into W instead would change every token, the densely attended ones included.
 
+The policy adapter of a LoRA RL run (docs/DESIGN.md, "LoRA RL of the policy") takes the same
+form, ungated: prefill, dense and sparse decode, score and verify all add it, so the engine's
+policy is the actor's W x + s B A x at every token. Both may be set: a sparse decode row then adds
+both deltas (the distilled phi corrects the adapted policy, which is what it was trained on top of).
+
 The fused q/k/v and gate/up matrices take their modules' factors stacked: the A's concatenated
 along the rank, the B's block-diagonal, so each fused linear costs two skinny matmuls. A module
 without factors (peft targets a subset) is a rank-0 block. B arrives pre-scaled (alpha / r).
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -25,15 +31,20 @@ FUSED_MODULES = {
     "down": ("mlp.down_proj",),
 }
 
+# Suffixes of an adapter's tensors in a weight push: A, and B pre-multiplied by alpha / r.
+WIRE_A, WIRE_B = ".lora_A", ".lora_B"
+
 
 @dataclass
 class LowRankDelta:
     a: Tensor  # (r, in) the stacked down-projections
     b: Tensor  # (out, r) the scaled up-projections, block-diagonal for a fused linear
 
-    def __call__(self, x: Tensor, gate: Tensor) -> Tensor:
-        """x (N, in), gate (N,) of 0/1 in x's dtype -> (N, out) gate * (x A^T) B^T."""
-        return (x @ self.a.T) @ self.b.T * gate[:, None]  # (N, out)
+    def __call__(self, x: Tensor, gate: Tensor | None = None) -> Tensor:
+        """x (N, in), gate (N,) of 0/1 in x's dtype -> (N, out) gate * (x A^T) B^T; no gate:
+        every row."""
+        delta = (x @ self.a.T) @ self.b.T  # (N, out)
+        return delta if gate is None else delta * gate[:, None]
 
 
 @dataclass
@@ -96,3 +107,42 @@ def _checked(
     if a.shape[0] != b.shape[1]:
         raise ValueError(f"LoRA {name}: A has rank {a.shape[0]}, B has rank {b.shape[1]}")
     return a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype)
+
+
+def copy_layer_loras(target: list[LayerLora], source: list[LayerLora]) -> bool:
+    """Copy `source`'s factors into `target`'s tensors in place (a captured CUDA graph keeps
+    reading them); False, nothing copied, when a shape differs (the caller replaces them)."""
+    pairs = [
+        (getattr(t, f), getattr(s, f))
+        for t, s in zip(target, source, strict=True)
+        for f in FUSED_MODULES
+    ]
+    if any(t.a.shape != s.a.shape or t.b.shape != s.b.shape for t, s in pairs):
+        return False
+    for t, s in pairs:
+        t.a.copy_(s.a)
+        t.b.copy_(s.b)
+    return True
+
+
+def wire_tensors(adapter: Mapping[str, tuple[Tensor, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """`factors` as the (name, tensor) pairs of a weight push: `<module>.lora_A`, `.lora_B`."""
+    for name, (a, b) in adapter.items():
+        yield name + WIRE_A, a
+        yield name + WIRE_B, b
+
+
+def from_wire(tensors: Mapping[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
+    """`wire_tensors`' pairs back as factors (raises on a name that is not an adapter's)."""
+    out: dict[str, list[Tensor | None]] = {}
+    for name, tensor in tensors.items():
+        for i, suffix in enumerate((WIRE_A, WIRE_B)):
+            if name.endswith(suffix):
+                out.setdefault(name.removesuffix(suffix), [None, None])[i] = tensor
+                break
+        else:
+            raise KeyError(f"pushed tensor {name!r} is no adapter factor")
+    incomplete = sorted(name for name, pair in out.items() if None in pair)
+    if incomplete:
+        raise KeyError(f"adapter push lacks A or B of {incomplete[:3]}")
+    return {name: (pair[0], pair[1]) for name, pair in out.items()}  # type: ignore[misc]

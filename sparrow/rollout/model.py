@@ -9,7 +9,8 @@ paged KV cache (paged_attention.py). The q/k/v and
 gate/up projections are fused into one matrix each (fewer, larger matmuls). Weights are the
 engine's own copy, so `load_state_dict` can refresh them in place from any HF-named state dict
 (the trainer's, or base + merged LoRA) without touching the KV cache. An unmerged LoRA
-(`set_lora`, lora.py) adds its delta only on the decode rows a gate selects.
+(`set_lora`, lora.py) adds its delta only on the decode rows a gate selects; the policy's LoRA
+(`set_policy_lora`, LoRA RL) adds its own on every row of every forward.
 """
 
 from collections.abc import Callable, Mapping
@@ -23,7 +24,7 @@ from sparrow.kernels import add_rms_norm, qk_norm_rope, silu_mul
 from sparrow.models.families import check_family
 from sparrow.models.shape import ModelShape
 from sparrow.rollout.linear import Linear
-from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras
+from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras, copy_layer_loras
 from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
 from sparrow.rollout.rope import Rope, apply_rope, rope_from_config
 
@@ -114,6 +115,7 @@ class DecoderModel:
         ]
         self._targets = self._parameter_views()
         self.lora: list[LayerLora] | None = None  # per layer; None: no adapter, no extra ops
+        self.policy_lora: list[LayerLora] | None = None  # LoRA RL's, at every row; per layer
         loaded = self.load_state_dict(state_dict)
         missing = set(self._targets) - loaded - {"lm_head.weight"}
         if missing:
@@ -199,6 +201,20 @@ class DecoderModel:
         named = {hf_weight_name(name) or name: pair for name, pair in factors.items()}
         self.lora = build_layer_loras(named, self._targets, self.shape.num_layers)
 
+    def set_policy_lora(self, factors: Mapping[str, tuple[Tensor, Tensor]] | None) -> bool:
+        """The policy's LoRA (LoRA RL): as `set_lora`'s factors, applied at every row of every
+        forward. Copied into the current factors' tensors when their shapes match (a captured
+        graph stays valid); True when the set of ops changed instead (graphs must be redone)."""
+        if factors is None:
+            changed, self.policy_lora = self.policy_lora is not None, None
+            return changed
+        named = {hf_weight_name(name) or name: pair for name, pair in factors.items()}
+        loras = build_layer_loras(named, self._targets, self.shape.num_layers)
+        if self.policy_lora is not None and copy_layer_loras(self.policy_lora, loras):
+            return False
+        self.policy_lora = loras
+        return True
+
     def _matrices(self) -> list[Tensor]:
         mats = [self.lm_head]
         for w in self.layers:
@@ -277,20 +293,23 @@ class DecoderModel:
         mlp_out = None  # the previous layer's MLP output, added to x by the next norm
         for i, w in enumerate(self.layers):
             d = None if lora is None else lora[i]
+            p = None if self.policy_lora is None else self.policy_lora[i]
             x, h = self._add_norm(x, mlp_out, w.input_norm)
-            qkv = self._project(h, w.qkv, w.qkv_bias, d.qkv if d else None, lora_gate)
+            qkv = self._project(h, w.qkv, w.qkv_bias, d.qkv if d else None, lora_gate, p and p.qkv)
             qkv = qkv.view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
             qk, v = qkv[:, :num_qk_heads], qkv[:, num_qk_heads:]  # (N, H_q + H_kv, D), (N, H_kv, D)
             qk = self._qk_norm_rope(qk, w.qk_norm, cos, sin)  # q and k heads together
             q, k = qk[:, : s.num_q_heads], qk[:, s.num_q_heads :]  # (N, H_q, D), (N, H_kv, D)
             o = attend(i, q, k, v)  # (N, H_q, D)
-            attn_out = self._project(o.reshape(n, -1), w.o, w.o_bias, d.o if d else None, lora_gate)
+            attn_out = self._project(
+                o.reshape(n, -1), w.o, w.o_bias, d.o if d else None, lora_gate, p and p.o
+            )
             x, h = self._add_norm(x, attn_out, w.post_norm)
             gate_up = self._project(
-                h, w.gate_up, None, d.gate_up if d else None, lora_gate
+                h, w.gate_up, None, d.gate_up if d else None, lora_gate, p and p.gate_up
             )  # (N, 2 I)
             mlp_out = self._project(
-                self._swiglu(gate_up), w.down, None, d.down if d else None, lora_gate
+                self._swiglu(gate_up), w.down, None, d.down if d else None, lora_gate, p and p.down
             )
         assert mlp_out is not None, "a model has at least one layer"
         return x + mlp_out
@@ -327,9 +346,13 @@ class DecoderModel:
         bias: Tensor | None,
         delta: LowRankDelta | None,
         gate: Tensor | None,
+        policy: LowRankDelta | None = None,
     ) -> Tensor:
-        """x (N, in) -> (N, out): x W^T + b, plus the LoRA delta on the gated rows."""
+        """x (N, in) -> (N, out): x W^T + b, plus the policy's LoRA delta on every row and the
+        gated LoRA delta on the gated rows (the two deltas add)."""
         y = self.linear(x, weight, bias)
+        if policy is not None:
+            y = y + policy(x)
         if delta is None:
             return y
         assert gate is not None, "a LoRA delta applies only where decode gets a gate"

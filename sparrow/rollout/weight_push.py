@@ -91,11 +91,16 @@ class WeightPush:
         self._header(None)
         return PushStats(time.perf_counter() - start, sent, messages)
 
-    def receive(self, engine) -> PushStats:
-        """Load what the sender pushes into `engine` (sparrow.rollout.engine.LLMEngine)."""
+    def receive(self, engine, adapter: bool = False) -> PushStats:
+        """Load what the sender pushes into `engine` (sparrow.rollout.engine.LLMEngine): HF-named
+        weights, or with `adapter` the policy's LoRA factors (LoRA RL: the adapter alone
+        travels, as sparrow.rollout.lora.wire_tensors names them)."""
         stats = PushStats(0.0, 0, 0)
         start = time.perf_counter()
-        engine.update_weights_in_buckets(self._received(stats))
+        if adapter:
+            engine.update_policy_lora_in_buckets(self._received(stats))
+        else:
+            engine.update_weights_in_buckets(self._received(stats))
         stats.seconds = time.perf_counter() - start
         return stats
 

@@ -22,13 +22,21 @@ reward 0 at their next step (counted as errors).
 
 import itertools
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
+from sparrow.tasks.env_worker import (
+    NonText,
+    as_observation,
+    worker_close,
+    worker_load,
+    worker_open,
+    worker_reset,
+    worker_step,
+)
 from sparrow.tasks.environment import (
     BUILTIN_ENVS,
     KEY,
@@ -91,7 +99,7 @@ class GuardedEnv:
 
     def _open(self) -> None:
         if self._isolated:
-            tools = self._factory.worker_call(_worker_open, self._episode, self._row)
+            tools = self._factory.worker_call(worker_open, self._episode, self._row)
         else:
             self._env = self._factory.factory(self._row)
             tools = getattr(self._env, "tools", [])
@@ -109,7 +117,7 @@ class GuardedEnv:
 
     def _reset(self) -> list[dict]:
         if self._isolated:
-            messages = self._factory.worker_call(_worker_reset, self._episode)
+            messages = self._factory.worker_call(worker_reset, self._episode)
         else:
             messages = self._env.reset()
         return self._checked_messages(messages, "reset")
@@ -128,7 +136,7 @@ class GuardedEnv:
 
     def _step(self, text: str) -> Observation:
         if self._isolated:
-            value = self._factory.worker_call(_worker_step, self._episode, text)
+            value = self._factory.worker_call(worker_step, self._episode, text)
         else:
             value = self._env.step(text)
         observation = as_observation(value)
@@ -172,6 +180,8 @@ class GuardedEnv:
             return value
         except (TimeoutError, SandboxTimeout) as err:
             self._factory.count(timeouts=1, error=f"{what}: {err}")
+        except SandboxError as err:  # the worker's message names the exception already
+            self._factory.count(errors=1, error=f"{what}: {err}")
         except (Exception, SystemExit) as err:  # the user's code failed, not the run
             self._factory.count(errors=1, error=f"{what}: {type(err).__name__}: {err}")
         self.done = True
@@ -190,24 +200,6 @@ def _non_text(messages: Any) -> int:
     if not isinstance(messages, list):
         return 0
     return sum(isinstance(m, dict) and not isinstance(m.get("content"), str) for m in messages)
-
-
-def as_observation(value: Any) -> Observation:
-    """An Observation from a step's return value (an Observation, or a dict of its fields)."""
-    if isinstance(value, dict):
-        value = Observation(**value)
-    if not isinstance(value, Observation):
-        raise TypeError(f"step returned a {type(value).__name__}, not an Observation")
-    reward = float(value.reward)
-    if not math.isfinite(reward):
-        raise ValueError(f"step returned a non-finite reward {reward}")
-    return Observation(
-        list(value.messages) if isinstance(value.messages, list) else value.messages,
-        bool(value.done),
-        reward,
-        int(value.tool_calls),
-        int(value.tool_errors),
-    )
 
 
 class GuardedEnvFactory:
@@ -246,10 +238,10 @@ class GuardedEnvFactory:
     def _start_worker(self) -> None:
         target = resolved_spec(BUILTIN_ENVS.get(self.spec, self.spec))
         self._target = target
-        init = partial(_worker_load, target)
+        init = partial(worker_load, target)
         self.sandbox = Sandbox(init, IMPORT_TIMEOUT_S, self.env_passthrough)
         try:
-            problem = self.sandbox.call(_worker_load, target, timeout_s=IMPORT_TIMEOUT_S)
+            problem = self.sandbox.call(worker_load, target, timeout_s=IMPORT_TIMEOUT_S)
         except (SandboxError, SandboxTimeout) as err:
             self.close()
             message = f"{KEY}={self.spec!r}: the environment worker failed: {err}"
@@ -266,7 +258,7 @@ class GuardedEnvFactory:
     def forget(self, episode: int) -> None:
         if self.sandbox is not None:
             try:
-                self.sandbox.call(_worker_close, self._target, episode, timeout_s=self.timeout_s)
+                self.sandbox.call(worker_close, self._target, episode, timeout_s=self.timeout_s)
             except (SandboxError, SandboxTimeout):
                 pass  # the worker was restarted: the episode is gone already
 
@@ -305,58 +297,3 @@ class GuardedEnvFactory:
     def close(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()
-
-
-# In the worker: the factory by spec, and the live environments by episode.
-_WORKER_FACTORIES: dict[str, EnvFactory] = {}
-_WORKER_ENVS: dict[int, Any] = {}
-
-
-def _worker_load(spec: str) -> str | None:
-    if spec not in _WORKER_FACTORIES:
-        try:
-            _WORKER_FACTORIES[spec] = load_env_factory(spec)
-        except EnvSpecError as err:
-            return str(err)
-    return None
-
-
-def _worker_open(spec: str, episode: int, row: dict) -> list[dict]:
-    env = _WORKER_FACTORIES[spec](row)
-    _WORKER_ENVS[episode] = env
-    return getattr(env, "tools", [])
-
-
-def _worker_env(episode: int) -> Any:
-    env = _WORKER_ENVS.get(episode)
-    if env is None:
-        raise RuntimeError("the episode's environment was lost when its worker was restarted")
-    return env
-
-
-def _worker_reset(spec: str, episode: int) -> Any:
-    return _worker_env(episode).reset()
-
-
-def _worker_step(spec: str, episode: int, text: str) -> Observation:
-    observation = as_observation(_worker_env(episode).step(text))
-    if isinstance(observation.messages, list):  # a user's object may not unpickle in the trainer
-        observation.messages = [_picklable(m) for m in observation.messages]
-    return observation
-
-
-@dataclass
-class NonText:
-    """In place of a content that is not text, sent back from the worker: its type's name."""
-
-    kind: str
-
-
-def _picklable(message: Any) -> Any:
-    if isinstance(message, dict) and not isinstance(message.get("content"), str):
-        return dict(message, content=NonText(type(message.get("content")).__name__))
-    return message
-
-
-def _worker_close(spec: str, episode: int) -> None:
-    _WORKER_ENVS.pop(episode, None)

@@ -14,7 +14,7 @@ from sparrow.distributed import Ranks
 from sparrow.models.loading import load_model
 from sparrow.models.shape import ModelShape
 from sparrow.monitor.monitor import Monitor
-from sparrow.rl.reference import ReferencePolicy
+from sparrow.rl.reference import AdapterOffReference, ReferencePolicy
 from sparrow.rollout.engine import LLMEngine, SamplingParams
 from sparrow.tasks.data import PromptDataset
 from sparrow.train.config import RolloutConfig, SparrowConfig
@@ -95,9 +95,12 @@ def build_actor(run: PreparedRun, make_actor) -> tuple:
 
         make_actor = DenseActor
     reference = None
-    if run.cfg.rl.loss.kl_coef != 0:
+    lora = run.cfg.actor.lora.rank > 0  # the reference is the actor's base, adapter off
+    if run.cfg.rl.loss.kl_coef != 0 and not lora:
         reference = ReferencePolicy(run.model, run.cfg.actor)
     actor = make_actor(run.model, run.cfg.actor)
+    if run.cfg.rl.loss.kl_coef != 0 and lora:
+        return actor, AdapterOffReference(actor, run.cfg.actor)
     return actor, reference and reference.place(actor)
 
 

@@ -9,7 +9,8 @@ world receive it, the other trainers too, so that every rank calls the same coll
     ("draw", step)            start drawing `step` on the engine's current weights, with each
                               trainer's payload (what its draw needs; picklable, opaque here),
                               gathered over the bridge right after
-    ("push", version)         load the weights training rank 0 now pushes (rollout/weight_push.py)
+    ("push", version, adapter) load the weights training rank 0 now pushes (rollout/weight_push.py):
+                              theta, or with `adapter` (LoRA RL) the policy's adapter alone
     ("rows", step)            hand over `step`'s DrawnStep (bridge gather)
     ("wait",)                 answer (bridge gather) once the draw in flight is done
     ("stop",)                 the trainers are done
@@ -44,14 +45,16 @@ class RemoteRollouts:
         payload: Callable[[int], Any],
         bucket_bytes: int,
         dtype: torch.dtype,
+        adapter: bool = False,
     ):
         """payload(step): what the rollout ranks' draw of `step` needs (asked at submit time);
-        bucket_bytes, dtype: the weight push's bucket and the engine's dtype."""
+        bucket_bytes, dtype: the weight push's bucket and the engine's dtype; adapter: pushes
+        carry the policy's LoRA adapter, not theta (actor.lora)."""
         if roles.role != "train":
             raise ValueError("RemoteRollouts runs on training ranks; rollout ranks serve")
         self.roles, self._payload = roles, payload
         self.push_link = roles.push  # training rank 0 only
-        self.bucket_bytes, self.dtype = bucket_bytes, dtype
+        self.bucket_bytes, self.dtype, self.adapter = bucket_bytes, dtype, adapter
         self._slot = PendingStep()  # its rows in hand only once fetched (a checkpoint's)
 
     @property
@@ -89,7 +92,7 @@ class RemoteRollouts:
     def push(self, buckets, version: int) -> dict[str, float]:
         """The weights of `version` (every training rank draws `buckets`: a collective under
         ZeRO-3; training rank 0 sends them) into the rollout ranks' engines; the push metrics."""
-        self._request(("push", version))
+        self._request(("push", version, self.adapter))
         if self.push_link is not None:
             stats = WeightPush(self.push_link, 0, self.bucket_bytes, self.dtype).send(buckets)
         else:
@@ -136,7 +139,7 @@ def serve_rollouts(roles: Roles, engine, draw: Draw, bucket_bytes: int) -> int:
             drawn = {i: draw(request[1], payloads[i], version) for i in mine}
             steps += 1
         elif kind == "push":
-            WeightPush(roles.push, 0, bucket_bytes, dtype).receive(engine)
+            WeightPush(roles.push, 0, bucket_bytes, dtype).receive(engine, adapter=request[2])
             version = request[1]
         elif kind == "rows":
             assert drawn is not None, "rows before their draw"

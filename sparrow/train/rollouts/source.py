@@ -57,7 +57,13 @@ class RolloutSource:
         else:
             bucket_bytes = int(cfg.cluster.push_bucket_mb * 2**20)
             dtype = draw.engine.runner.model.dtype
-            self.pipeline = RemoteRollouts(roles, lambda step: draw.request(), bucket_bytes, dtype)
+            self.pipeline = RemoteRollouts(
+                roles,
+                lambda step: draw.request(),
+                bucket_bytes,
+                dtype,
+                adapter=cfg.actor.lora.rank > 0,  # LoRA RL: the adapter alone goes over the wire
+            )
         self.produced = self.staleness > 0 or roles is not None  # the rows come from it
 
     def sample(self, step: int, timer: PhaseTimer) -> Sampled:
@@ -95,8 +101,9 @@ class RolloutSource:
         self.pipeline.wait()
 
     def push(self, actor, version: int) -> dict[str, float]:
-        """theta of `version` (`actor`: sparrow.rl.actor.DenseActor) into the rollout ranks'
-        engines: the push's time and bytes; nothing without rollout ranks."""
+        """theta of `version` (`actor`: sparrow.rl.actor.DenseActor), or its LoRA adapter alone
+        (actor.lora), into the rollout ranks' engines: the push's time and bytes; nothing
+        without rollout ranks."""
         if not isinstance(self.pipeline, RemoteRollouts):
             return {}
         buckets = actor.weight_buckets(self.pipeline.bucket_bytes, self.pipeline.dtype)
