@@ -188,6 +188,26 @@ class LLMEngine:
     def asleep(self) -> bool:
         return self.runner.asleep
 
+    def set_policy_lora(self, factors: dict[str, tuple[Tensor, Tensor]] | None) -> int:
+        """The policy's LoRA adapter (LoRA RL, actor.lora), unmerged, applied at every forward:
+        prefill, dense and sparse decode, score and speculative verify; a gated `set_lora`
+        adapter adds on top at sparse decode steps. factors: as `set_lora`'s; copied in place
+        into the previous adapter's tensors when their shapes match, so captured CUDA graphs
+        stay valid; otherwise the graphs are dropped and captured again. None removes it.
+        Returns the bytes the adapter takes in the engine's dtype (what a sync moved)."""
+        if self.runner.model.set_policy_lora(factors) and self.runner.graphs is not None:
+            self.runner.graphs = type(self.runner.graphs)(self.runner.graphs.forward)
+        itemsize = self.runner.model.dtype.itemsize
+        return sum(a.numel() + b.numel() for a, b in (factors or {}).values()) * itemsize
+
+    def update_policy_lora_in_buckets(self, buckets: Iterable[Mapping[str, Tensor]]) -> None:
+        """`set_policy_lora` from a weight push's buckets of `<module>.lora_A` / `.lora_B`
+        tensors (sparrow.rollout.lora.wire_tensors), set once the last has arrived."""
+        tensors: dict[str, Tensor] = {}
+        for bucket in buckets:
+            tensors |= {name: t.clone() for name, t in bucket.items()}
+        self.set_policy_lora(from_wire(tensors))
+
     def set_lora(self, factors: dict[str, tuple[Tensor, Tensor]] | None) -> None:
         """An unmerged LoRA applied only at sparse decode steps (budget < pages; every layer of
         the row, the K/V it writes included); prefill and dense rows use the plain weights.

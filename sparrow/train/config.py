@@ -266,6 +266,17 @@ class SparrowConfig:
                 "would be theta + phi merged, and the verify pass must be the dense policy "
                 "theta's: set distill.gate=true (the adapter then drafts only)"
             )
+        if self.actor.lora.rank and self.distill.enabled and not self.distill.gate:
+            raise ValueError(
+                "actor.lora.rank with distill.gate=false: the engine would hold theta + phi "
+                "merged while the policy adapter is pushed unmerged over the base: set "
+                "distill.gate=true (phi then adds at sparse steps, on top of the adapter)"
+            )
+        if self.env.function and self.rollout.speculative.enabled:
+            raise ValueError(
+                "env.function with rollout.speculative.enabled: multi-turn episodes do not run "
+                "speculatively yet; set rollout.speculative.enabled=false"
+            )
         eng = self.rollout.engine
         in_process = self.rl.async_rollout.staleness and not self.cluster.rollout_ranks
         if eng.sleep != "off" and in_process:

@@ -209,7 +209,9 @@ class GRPOTrainer:
                     self.source.close()
                     raise StopRequested(stop.signum or signal.SIGTERM, self.step, path)
         self.source.close()  # the rollout ranks' loop ends with the trainers'
-        export_policy(self.actor, self.tokenizer, self.run_dir / "policy", self.step, self.rank)
+        base = {k: v for k, v in asdict(self.cfg.model).items() if k != "dtype"}
+        policy = self.run_dir / "policy"
+        export_policy(self.actor, self.tokenizer, policy, self.step, self.rank, base)
         self.logger.close()
         return last_eval or {}
 
@@ -252,7 +254,10 @@ class GRPOTrainer:
         with timer("distill"):
             # The updated theta, gathered once (a collective under ZeRO-3) for the adapter's
             # frozen base and for the engine; a frozen theta (rl.update_policy=false) is in both.
-            weights = self.actor.gathered_state_dict() if self.cfg.rl.update_policy else None
+            # LoRA RL without DistillSparse needs no full weights: the sync pushes the adapter.
+            lora_only = self.cfg.actor.lora.rank > 0 and self.distill is None
+            gather = self.cfg.rl.update_policy and not lora_only
+            weights = self.actor.gathered_state_dict() if gather else None
             distill = self._distill_update(
                 rollout.batch, dense, token_advantages, num_tokens, weights
             )
@@ -261,9 +266,9 @@ class GRPOTrainer:
                 self.source.wait()
         with timer("sync"):
             self.engine.wake()  # a freed weight copy is refilled by the sync's full push
-            self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
+            synced = self._sync_engine(weights, theta_changed=self.cfg.rl.update_policy)
             self.draw.version = self.step + 1
-            pushed = self.source.push(self.actor, self.step + 1)
+            pushed = self.source.push(self.actor, self.step + 1) | synced
         times = timer.metrics()  # the phases tile the step; reporting below is not timed
         self._log_histograms(acceptance.histograms)
         metrics = self._step_metrics(sampled, acceptance.metrics | control, update | distill)
@@ -387,19 +392,27 @@ class GRPOTrainer:
         grad_norm = metrics.pop("distill/grad_norm")
         return self.ranks.sums(metrics) | {"distill/grad_norm": grad_norm}
 
-    def _sync_engine(self, weights: dict | None = None, theta_changed: bool = True) -> None:
+    def _sync_engine(self, weights: dict | None = None, theta_changed: bool = True) -> dict:
         """The rollout policy's weights into the engine: theta (`weights`, gathered when not
-        given; skipped when not `theta_changed`); with DistillSparse also phi, unmerged and gated
-        to sparse decode steps (distill.gate), or merged into theta. Waits for an in-flight
-        rollout first: the engine's weights never change under a generate."""
+        given; skipped when not `theta_changed`), or with actor.lora the policy's adapter alone
+        (the engine keeps the base); with DistillSparse also phi, unmerged and gated to sparse
+        decode steps (distill.gate), or merged into theta. Waits for an in-flight rollout
+        first: the engine's weights never change under a generate. The bytes it loaded."""
         self.source.wait()
         if self.distill is not None and not self.distill.cfg.gate:
             self.engine.update_weights(self.distill.merged_state_dict())
-            return
-        if theta_changed:
-            self.engine.update_weights(weights or self.actor.gathered_state_dict())
+            return {}
+        loaded = 0
+        if theta_changed and self.cfg.actor.lora.rank:  # LoRA RL: the adapter, not theta
+            loaded = self.engine.set_policy_lora(self.actor.adapter_factors())
+        elif theta_changed:
+            state = weights or self.actor.gathered_state_dict()
+            self.engine.update_weights(state)
+            itemsize = self.engine.runner.model.dtype.itemsize
+            loaded = sum(t.numel() for t in state.values()) * itemsize
         if self.distill is not None:
             self.engine.set_lora(self.distill.lora_factors())
+        return {"sync/engine_bytes": float(loaded)} if theta_changed else {}
 
     def _sleep_engine(self, free_weights: bool = True) -> None:
         """Before an actor phase, the engine's memory handed to it (rollout.engine.sleep,
