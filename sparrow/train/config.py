@@ -272,11 +272,6 @@ class SparrowConfig:
                 "merged while the policy adapter is pushed unmerged over the base: set "
                 "distill.gate=true (phi then adds at sparse steps, on top of the adapter)"
             )
-        if self.env.function and self.rollout.speculative.enabled:
-            raise ValueError(
-                "env.function with rollout.speculative.enabled: multi-turn episodes do not run "
-                "speculatively yet; set rollout.speculative.enabled=false"
-            )
         eng = self.rollout.engine
         in_process = self.rl.async_rollout.staleness and not self.cluster.rollout_ranks
         if eng.sleep != "off" and in_process:
