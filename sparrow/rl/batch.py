@@ -147,7 +147,10 @@ def _pad_per_token(
         p, end = len(prompt), lengths[b]
         input_ids[b, :end] = torch.tensor(prompt + list(out.token_ids), dtype=torch.int64)
         attention_mask[b, :end] = True
-        completion_mask[b, p:end] = True
+        # An episode's observation tokens (the environment's, not sampled) stay out of the mask:
+        # out of the loss, the rollout correction, the acceptance monitor and the mismatch metrics.
+        observed = getattr(out, "observation_mask", None)
+        completion_mask[b, p:end] = True if observed is None else ~observed
         sampled_logprobs[b, p:end] = out.logprobs
         behaviour_logprobs[b, p:end] = out.sampling_logprobs
         topk_ids[b, p:end] = out.topk_ids

@@ -13,6 +13,7 @@
     sampler.py        temperature / top-k / top-p, log-probs, top-K
     outputs.py        GenerationOutput, per-token records, GenerateStats
     engine.py         LLMEngine, EngineConfig, SamplingParams: the step loop
+    episodes.py       multi-turn episodes: one sequence per episode, observations as K/V chunks
     speculative.py    lossless sparse rollouts: the accept/resample rule (sparse drafts, dense p)
     speculative_round.py  one draft-and-verify round of generate over a decode batch
     weight_push.py    the policy's weights from a training rank to rollout ranks, in buckets

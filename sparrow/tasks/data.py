@@ -93,6 +93,9 @@ class Prompt:
     token_ids: list[int]  # `text` tokenized, at most max_prompt_tokens long
     answer: str  # reference answer for the reward
     metadata: dict[str, Any]  # generator's id, task and metadata; {} for external datasets
+    # What a multi-turn environment is built from (tasks/environment.py): the source row's
+    # columns, its user message under "prompt" and the reference under "answer".
+    row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -180,17 +183,20 @@ def load_prompts(
         num_empty += cell is None
         num_no_answer += cell is not None and answer is None
         if cell is not None and answer is not None:
-            text = render(cfg, tokenizer, chat_messages(cfg, cell, i, source))
-            usable.append((i, text, answer))
+            messages = chat_messages(cfg, cell, i, source)
+            text = render(cfg, tokenizer, messages)
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            row = {**rows[i], "prompt": users[-1] if users else text, "answer": answer}
+            usable.append((i, text, answer, row))
     # Chat templates write their own special tokens (BOS included); plain text gets the
     # tokenizer's defaults.
-    texts = [text for _, text, _ in usable]
+    texts = [text for _, text, _, _ in usable]
     token_ids = (
         tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"] if texts else []
     )
     prompts = [
-        Prompt(i, text, list(ids), answer, _metadata(cfg, rows[i]))
-        for (i, text, answer), ids in zip(usable, token_ids, strict=True)
+        Prompt(i, text, list(ids), answer, _metadata(cfg, rows[i]), row)
+        for (i, text, answer, row), ids in zip(usable, token_ids, strict=True)
         if len(ids) <= limit
     ]
     data = PromptDataset(prompts, source, split, len(row_ids), len(usable) - len(prompts), limit,

@@ -167,6 +167,45 @@ class RLConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn episodes with tools (sparrow/rollout/episodes.py, sparrow/tasks/environment.py):
+    `env=calculator` / `env=python` pick the built-ins (conf/env/)."""
+
+    # The environment factory: a built-in name (calculator, python), path/to/file.py:make_env or
+    # package.module:make_env; null: single-turn completions scored by rl.reward.
+    function: str | None = None
+    max_turns: int = 4  # assistant turns per episode; the last one's reward still counts
+    max_observation_tokens: int = 256  # per observation; longer contents are cut and marked
+    # Prompt + every turn + every observation; an episode that reaches it ends with finish
+    # reason "length", as an overlong completion (rl.overlong applies). 0: the longest prompt +
+    # max_turns x rollout.max_new_tokens + (max_turns - 1) x max_observation_tokens.
+    max_context_tokens: int = 0
+    timeout_s: float = 10.0  # per reset or step of an environment; past it, an error observation
+    isolate: bool = False  # build and run the environments in the sandbox worker
+    max_observation_chars: int = 65536  # per message, before tokenizing (a 10 MB result is cut)
+
+    def __post_init__(self):
+        if self.max_turns < 1 or self.max_observation_tokens < 1 or self.max_context_tokens < 0:
+            raise ValueError(
+                "env.max_turns and env.max_observation_tokens must be >= 1 and "
+                f"env.max_context_tokens >= 0, got {self.max_turns}, "
+                f"{self.max_observation_tokens}, {self.max_context_tokens}"
+            )
+        if self.timeout_s <= 0 or self.max_observation_chars < 1:
+            raise ValueError(
+                f"env.timeout_s must be > 0 and env.max_observation_chars >= 1, got "
+                f"{self.timeout_s}, {self.max_observation_chars}"
+            )
+
+    def context_tokens(self, longest_prompt: int, max_new_tokens: int) -> int:
+        """The episode's context limit in tokens (max_context_tokens, or what it defaults to)."""
+        if self.max_context_tokens:
+            return self.max_context_tokens
+        turns = self.max_turns
+        return longest_prompt + turns * max_new_tokens + (turns - 1) * self.max_observation_tokens
+
+
+@dataclass
 class MemoryConfig:
     """How the run's memory plan (sparrow/train/memory/plan.py) meets the device before step 1."""
 
@@ -234,6 +273,7 @@ class SparrowConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)  # the plan against the device
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # rollout ranks apart
+    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes with tools; off
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, W&B files, the exported policy
     # The root of every random stream: sampling, prompt order, evaluation, DistillSparse, the
     # global generators (sparrow/train/run/seeds.py); a component's own seed set explicitly wins.
@@ -271,6 +311,11 @@ class SparrowConfig:
                 "actor.lora.rank with distill.gate=false: the engine would hold theta + phi "
                 "merged while the policy adapter is pushed unmerged over the base: set "
                 "distill.gate=true (phi then adds at sparse steps, on top of the adapter)"
+            )
+        if self.env.function and self.rollout.speculative.enabled:
+            raise ValueError(
+                "env.function with rollout.speculative.enabled: multi-turn episodes do not run "
+                "speculatively yet; set rollout.speculative.enabled=false"
             )
         eng = self.rollout.engine
         in_process = self.rl.async_rollout.staleness and not self.cluster.rollout_ranks

@@ -72,19 +72,17 @@ def sampled_metrics(
     sum_over_ranks: Callable[[float], float] = float,
     seed: int | None = None,
     stats: RewardStats | None = None,
+    episodes=None,
 ) -> dict:
     """`samples` completions per prompt at `params`: eval/mean@k (the mean score) and
     eval/pass@j for j in `pass_ks(k)` (a sample is correct with full marks, score >= 1), each
     with its 95% interval over the prompts of all ranks. `stats` adds up the reward's calls
-    and failures."""
+    and failures. `episodes` (train/rollouts/episodes.py): each sample is a multi-turn episode,
+    scored by its environment."""
     per_prompt: list[list[float]] = [[] for _ in prompts]
     if prompts:
-        outputs = engine.generate([p.token_ids for p in prompts], params, n=samples, seed=seed)
-        scored = score_batch(
-            reward,
-            [prompts[o.prompt_index].text for o in outputs],
-            [o.text for o in outputs],
-            [prompts[o.prompt_index].answer for o in outputs],
+        outputs, scored = _sample_and_score(
+            engine, reward, prompts, params, samples, seed, episodes
         )
         scores = scored.scores.tolist()
         if stats is not None:
@@ -118,6 +116,7 @@ def evaluate(
     num_samples: int = 3,
     samples: int = 1,
     sample_params: SamplingParams | None = None,
+    episodes=None,
 ) -> tuple[dict, list[float]]:
     """One sample per held-out prompt; accuracy = mean reward (rewards are 0/1 here). `seed`:
     the sampling stream of this evaluation (None: the engine's own). `samples` > 1 adds
@@ -126,17 +125,13 @@ def evaluate(
     Returns the metrics and this rank's per-prompt scores (for paired comparisons). The metrics
     carry `eval/samples`: this rank's first `num_samples` prompts (the tail of the prompt text),
     completions, reference answers and scores, for people reading the log; and where the
-    reward failed on any rank, its counts (`reward_counts`).
+    reward failed on any rank, its counts (`reward_counts`). `episodes`: with env.function,
+    each sample is a multi-turn episode (train/rollouts/episodes.py) scored by its environment
+    (pass@k over episodes); None: single-turn completions scored by `reward`.
     """
     stats = RewardStats()
     if prompts:
-        outputs = engine.generate([p.token_ids for p in prompts], params, n=1, seed=seed)
-        scored = score_batch(
-            reward,
-            [p.text for p in prompts],
-            [o.text for o in outputs],
-            [p.answer for p in prompts],
-        )
+        outputs, scored = _sample_and_score(engine, reward, prompts, params, 1, seed, episodes)
         scores = scored.scores
         stats.add(scored.stats)
         per_prompt = scores.tolist()
@@ -156,7 +151,7 @@ def evaluate(
     if samples > 1:
         assert sample_params is not None, "samples > 1 come with their sampling params"
         sampled = sampled_metrics(
-            engine, reward, prompts, sample_params, samples, sum_over_ranks, seed, stats
+            engine, reward, prompts, sample_params, samples, sum_over_ranks, seed, stats, episodes
         )
     return {
         "eval/accuracy": accuracy,
@@ -167,6 +162,22 @@ def evaluate(
         "eval/len_mean": lengths / max(n, 1.0),
         "eval/samples": rows,
     } | sampled | reward_counts(stats, sum_over_ranks), per_prompt
+
+
+def _sample_and_score(engine, reward, prompts, params, n: int, seed, episodes) -> tuple:
+    """(n outputs per prompt, prompt-major; their BatchScores): completions scored by `reward`,
+    or with `episodes` multi-turn episodes scored by their environments."""
+    if episodes is not None:
+        outputs = episodes.generate(prompts, params, n, seed=seed)
+        return outputs, episodes.scores(outputs)
+    outputs = engine.generate([p.token_ids for p in prompts], params, n=n, seed=seed)
+    scored = score_batch(
+        reward,
+        [prompts[o.prompt_index].text for o in outputs],
+        [o.text for o in outputs],
+        [prompts[o.prompt_index].answer for o in outputs],
+    )
+    return outputs, scored
 
 
 def reward_counts(stats: RewardStats, sum_over_ranks: Callable[[float], float]) -> dict:

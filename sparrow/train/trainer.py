@@ -448,6 +448,7 @@ class GRPOTrainer:
             self.seeds.eval(self.step),
             samples=ecfg.samples,
             sample_params=sample_params,
+            episodes=self.draw.episodes,  # env.function: pass@k over multi-turn episodes
         )
         if merged:
             self._sync_engine()

@@ -2,6 +2,7 @@
 
     source.py     RolloutSource: the trainer's one door to its rows (draw, measure, steer, push)
     draw.py       RolloutDraw: one step's rollouts and rewards on this rank's engine (no actor)
+    episodes.py   Episodes: multi-turn episodes with their environments (env.function), rewards
     drawn.py      DrawnStep, what a producer hands over, and PendingStep, the one step in flight
     pipeline.py   RolloutPipeline: the asynchronous loop's producer, the next draw in a thread
     remote.py     RemoteRollouts: the same producer served by rollout ranks apart from the trainers

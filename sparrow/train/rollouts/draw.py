@@ -29,6 +29,7 @@ from sparrow.train.config import SparrowConfig
 from sparrow.train.dynamic_sampling import Rollout, Round, Sampled, sample_step
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.rollouts.drawn import DrawnStep
+from sparrow.train.rollouts.episodes import Episodes
 
 
 class RolloutDraw:
@@ -50,6 +51,11 @@ class RolloutDraw:
         self.sampling = rollout_sampling(cfg.rollout)
         self.version = 0  # the step whose weights the engine holds (rows' weight_version)
         self.seed: int | None = None  # None: the engine's own stream; else a request's seed
+        # env.function: each sample is a multi-turn episode with its environment, rewarded by
+        # it (train/rollouts/episodes.py); the environments run here, where the rollout runs.
+        self.episodes = None
+        if cfg.env.function:
+            self.episodes = Episodes(cfg.env, tokenizer, engine, cfg.rollout.max_new_tokens)
 
     def __call__(self, timer: PhaseTimer) -> Sampled:
         """One step's rollouts and rewards: one round of prompts, or with dynamic sampling as
@@ -120,23 +126,32 @@ class RolloutDraw:
     def rollout(self, prompts) -> Rollout:
         """Sparse rollouts of `prompts` (the noise-floor share dense), collated into a batch."""
         plan = self.plan(len(prompts))
-        outputs = self.engine.generate(
-            [p.token_ids for p in prompts],
-            replace(self.sampling, return_logits=plan.logit_rows is not None),
-            n=self.cfg.rl.group_size,
-            progress=self.cfg.rollout.progress and self.ranks.rank == 0,
-            schedules=plan.schedules,
-            logits_rows=plan.logit_rows,
-            seed=self.seed,
-        )
+        params = replace(self.sampling, return_logits=plan.logit_rows is not None)
+        n, seed = self.cfg.rl.group_size, self.seed
+        if self.episodes is not None:
+            outputs = self.episodes.generate(
+                prompts, params, n, schedules=plan.schedules, logits_rows=plan.logit_rows, seed=seed
+            )
+        else:
+            outputs = self.engine.generate(
+                [p.token_ids for p in prompts],
+                params,
+                n=n,
+                progress=self.cfg.rollout.progress and self.ranks.rank == 0,
+                schedules=plan.schedules,
+                logits_rows=plan.logit_rows,
+                seed=seed,
+            )
         return self.collate(prompts, outputs, plan, self.engine.last_stats)
 
     def collate(self, prompts, outputs, plan: RolloutPlan, stats) -> Rollout:
         """The outputs of `prompts` (this rank's, `outputs` prompt-major) as one padded batch;
         group ids are the prompts' places in the step (every rank holds as many)."""
         group_offset = self.ranks.rank * len(prompts)
+        # An episode's prompt is its environment's first messages rendered, not the row's text.
+        rendered = {o.prompt_index: o.prompt_ids for o in outputs}
         batch = collate_rollouts(
-            [p.token_ids for p in prompts],
+            [rendered.get(i, p.token_ids) for i, p in enumerate(prompts)],
             outputs,
             self.tokenizer.pad_token_id,
             [group_offset + o.prompt_index for o in outputs],
@@ -145,6 +160,8 @@ class RolloutDraw:
         return Rollout(outputs, batch, plan, stats)
 
     def rewards(self, prompts, outputs) -> BatchScores:
+        if self.episodes is not None:
+            return self.episodes.scores(outputs)
         return score_batch(
             self.reward,
             [prompts[o.prompt_index].text for o in outputs],

@@ -1,0 +1,115 @@
+"""The GRPO loop on multi-turn episodes (env.function) with the plain-torch FakeActor: what the
+actor trains on is, token for token, what the engine sampled plus the observations; observation
+tokens have mask 0 and stay out of the loss; the update's one-shot dense log-probs of the model
+tokens equal the (dense) rollout's; the step logs turns, tool calls, observation and model
+tokens. And `sparrow-train preset=tiny env=calculator rl.steps=2` on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from fake_actor import FakeActor
+from hang_guard import HANG_GUARD_S
+
+from sparrow.cli.config_loader import load_config
+from sparrow.train.trainer import GRPOTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTED = ROOT / "tests" / "data" / "scripted_env.py"
+OVERRIDES = [
+    "preset=tiny",
+    "rl.eval.every=0",
+    "rl.steps=2",
+    "rl.prompts_per_step=2",
+    "rl.group_size=4",
+    "rollout.max_new_tokens=12",
+    "rollout.engine.page_size=4",
+    f"env.function={SCRIPTED}:make_env",
+    "env.max_turns=3",
+    "actor.lr=1e-3",
+]
+
+
+def multi_turn_trainer(run_dir, *extra: str):
+    """The trainer, its turns closed by every other token id (a random model rarely samples
+    <|im_end|>), and what each step's draw returned and each update trained on."""
+    cfg = load_config([*OVERRIDES, *extra, f"run_dir={run_dir}"])
+    trainer = GRPOTrainer.from_config(cfg, make_actor=FakeActor)
+    stops = tuple(range(0, len(trainer.tokenizer), 2))
+    trainer.draw.sampling = replace(trainer.draw.sampling, stop_token_ids=stops)
+    drawn, trained = [], []
+    generate = trainer.draw.episodes.generate
+    trainer.draw.episodes.generate = lambda *a, **k: drawn.append(generate(*a, **k)) or drawn[-1]
+    real_train_step = trainer.actor.train_step
+
+    def recording_train_step(micro_batches, loss_fn, temperature, keep=None):
+        out = real_train_step(micro_batches, loss_fn, temperature, keep=keep)
+        for mb, part in zip(micro_batches, keep.parts, strict=True):
+            mb["old_logprobs"] = part[0]  # the update's own one-shot dense forward
+        trained.append((micro_batches, out))
+        return out
+
+    trainer.actor.train_step = recording_train_step
+    return trainer, drawn, trained
+
+
+def rows_of(micro_batches, key):
+    return [row for mb in micro_batches for row in mb[key]]
+
+
+def test_the_actor_trains_exactly_the_sampled_episodes_with_observations_masked(tmp_path):
+    trainer, drawn, trained = multi_turn_trainer(tmp_path, "schedule.mode=dense")
+    trainer.fit()
+    assert len(drawn) == len(trained) == 2
+    for outputs, (micro_batches, out) in zip(drawn, trained, strict=True):
+        ids, masks = rows_of(micro_batches, "input_ids"), rows_of(micro_batches, "completion_mask")
+        attention = rows_of(micro_batches, "attention_mask")
+        old, rollout = (
+            rows_of(micro_batches, "old_logprobs"),
+            rows_of(micro_batches, "rollout_logprobs"),
+        )
+        assert len(ids) == len(outputs)
+        for o, row, mask, att, dense, sparse in zip(
+            outputs, ids, masks, attention, old, rollout, strict=True
+        ):
+            p, n = len(o.prompt_ids), len(o.token_ids)
+            # The row is the sampled turns and the observations between them, nothing re-rendered.
+            assert row[att].tolist() == o.prompt_ids + o.token_ids
+            model = ~o.observation_mask
+            assert (
+                torch.equal(mask[p : p + n], model)
+                and not mask[:p].any()
+                and not mask[p + n :].any()
+            )
+            # The update's one-shot dense log-probs of the model tokens are the dense rollout's.
+            torch.testing.assert_close(
+                dense[p : p + n][model], o.logprobs[model], atol=2e-4, rtol=0
+            )
+        # The loss counts model tokens only: its hand-computed value over the mask is the logged.
+        num = sum(
+            float(
+                (
+                    -mb["advantages"]
+                    * torch.exp(mb["old_logprobs"] - mb["rollout_logprobs"]).clamp(max=2.0)
+                )[mb["completion_mask"]].sum()
+            )
+            for mb in micro_batches
+        )
+        model_tokens = sum(int((~o.observation_mask).sum()) for o in outputs)
+        assert sum(int(mb["completion_mask"].sum()) for mb in micro_batches) == model_tokens
+        assert out["loss"] == pytest.approx(num / model_tokens, rel=1e-5, abs=1e-7)
+    episodes = [o.episode for outs in drawn for o in outs]
+    assert max(e.turns for e in episodes) == 3 and sum(e.observation_tokens for e in episodes) > 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for row, outputs in zip(rows, drawn, strict=True):
+        turns = sum(o.episode.turns for o in outputs) / len(outputs)
+        assert row["episode/turns_mean"] == pytest.approx(turns)
+        obs = sum(o.episode.observation_tokens for o in outputs) / len(outputs)
+        assert row["episode/observation_tokens_mean"] == pytest.approx(obs)
+        assert row["episode/model_tokens_mean"] == pytest.approx(row["len/completion_mean"])
+        assert row["episode/tool_calls"] == sum(o.episode.tool_calls for o in outputs)
