@@ -28,10 +28,12 @@ from sparrow.malloc import tune_cpu_allocator
 from sparrow.models.loading import ADAPTER_BASE, load_model
 from sparrow.rollout.engine import LLMEngine
 from sparrow.tasks.data import DataError, PromptsTooLong, load_eval_prompts
+from sparrow.tasks.environment import check_env_function
 from sparrow.tasks.rewards import build_reward
 from sparrow.train.config import SparrowConfig
 from sparrow.train.evaluation import eval_sampling, evaluate
 from sparrow.train.memory.context_budget import context_room
+from sparrow.train.rollouts.episodes import Episodes
 from sparrow.train.run.stored_config import FILE_NAME
 from sparrow.train.step_report import RewardFailures
 
@@ -46,8 +48,9 @@ def _main(argv: list[str] | None) -> int:
     cfg = _config(args, policy, stored)
     torch.manual_seed(cfg.seed)
     tune_cpu_allocator()
-    try:  # a bad reward stops before the model loads
+    try:  # a bad reward or environment stops before the model loads
         reward = build_reward(cfg.rl.reward)
+        check_env_function(cfg.env.function)
     except ValueError as err:  # e.g. the run's rl.reward.function file moved or deleted
         raise UserError(one_line(err)) from err
     try:
@@ -71,8 +74,15 @@ def _main(argv: list[str] | None) -> int:
         engine = LLMEngine(lm.model, lm.tokenizer, cfg.rollout.engine)
     except ValueError as err:  # a model family or window the engine does not run
         raise UserError(f"{policy}: {one_line(err)}") from err
-    print(f"sparrow-eval: {policy} on {data.summary()}; scoring {len(prompts)}", file=sys.stderr)
+    what = f" episodes of env.function={cfg.env.function}" if cfg.env.function else ""
+    print(
+        f"sparrow-eval: {policy} on {data.summary()}; scoring {len(prompts)}{what}", file=sys.stderr
+    )
     params, sample_params = eval_sampling(ecfg.temperature, ecfg.max_new_tokens, ecfg.samples)
+    # The run's environment (env.function): each sample is a multi-turn episode, pass@k over them.
+    episodes = None
+    if cfg.env.function:
+        episodes = Episodes(cfg.env, lm.tokenizer, engine, ecfg.max_new_tokens)
     metrics, _ = evaluate(
         engine,
         reward,
@@ -81,6 +91,7 @@ def _main(argv: list[str] | None) -> int:
         seed=cfg.seed,
         samples=ecfg.samples,
         sample_params=sample_params,
+        episodes=episodes,
     )
     metrics.pop("eval/samples")
     RewardFailures(reward, Ranks(0, 1)).check_eval(metrics, "in this evaluation")

@@ -86,6 +86,9 @@ def test_the_actor_trains_exactly_the_sampled_episodes_with_observations_masked(
                 and not mask[:p].any()
                 and not mask[p + n :].any()
             )
+            # The rollout's records reach the update as sampled, 0 on the observations.
+            assert torch.equal(sparse[p : p + n][model], o.logprobs[model])
+            assert not sparse[p : p + n][~model].any()
             # The update's one-shot dense log-probs of the model tokens are the dense rollout's.
             torch.testing.assert_close(
                 dense[p : p + n][model], o.logprobs[model], atol=2e-4, rtol=0
@@ -113,3 +116,30 @@ def test_the_actor_trains_exactly_the_sampled_episodes_with_observations_masked(
         assert row["episode/observation_tokens_mean"] == pytest.approx(obs)
         assert row["episode/model_tokens_mean"] == pytest.approx(row["len/completion_mean"])
         assert row["episode/tool_calls"] == sum(o.episode.tool_calls for o in outputs)
+
+
+def test_sparrow_train_tiny_calculator_runs_on_cpu_and_sparrow_eval_scores_episodes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env |= {"HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
+    cmd = ["preset=tiny", "env=calculator", "rl.steps=2", f"run_dir={tmp_path}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.train", *cmd],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2 and all(
+        " turns " in line and " tok obs/model " in line for line in lines
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "episode/turns_mean" in r]
+    assert len(steps) == 2
+    for key in ("tool_calls", "tool_errors", "observation_tokens_mean", "model_tokens_mean"):
+        assert all(isinstance(r[f"episode/{key}"], float) for r in steps), key
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "sparrow.cli.eval_policy", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "episodes of env.function=calculator" in evaluated.stderr
+    assert evaluated.stdout.startswith("accuracy ")
