@@ -5,8 +5,10 @@ trainer), and the offline calibration sweep that drives an engine it is given.
     schedule.py     BudgetSchedule: pages read per sparse layer, a step function of the position
     controller.py   the online controller (raise a bin below tau, lower one safely above) and
                     the fixed schedule
+    throughput.py   the speculative-rollout controller: per-bin budgets and k for tokens/s
     calibration.py  the offline sweep behind sparrow-calibrate: p5 per bin at each budget
-    cost_model.py   eFLOPs of dense vs block-sparse decode: the predicted speedup
+    cost_model.py   eFLOPs of dense vs block-sparse decode and of speculative rounds: the
+                    predicted speedups
     kv_read.py      pages the sparse layers read over the pages a dense decode reads
 
 The monitor (sparrow/monitor/) decides which tokens are measured and feeds the controller.

@@ -38,10 +38,34 @@ class ControllerConfig:
     patience: int = 3  # consecutive over-safe observations of a bin before lowering it
     min_tokens: int = 200  # bins with fewer tokens in a step are not acted on
     start_smallest: bool = False  # online: start at the smallest grid budget everywhere
+    # tail: each bin's p5 >= tau at the least budget; throughput (speculative rollouts only):
+    # the budgets and k of the most expected tokens/s (throughput.py); auto: throughput with
+    # rollout.speculative.enabled, else tail
+    objective: str = "auto"
 
     def __post_init__(self):
         if not 0 < self.tau <= 1:  # an acceptance probability: above 1 no bin could ever pass
             raise ValueError(f"controller.tau must be in (0, 1], got {self.tau}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"controller.objective must be one of {OBJECTIVES}, got {self.objective!r}"
+            )
+
+
+OBJECTIVES = ("auto", "tail", "throughput")
+
+
+def resolve_objective(objective: str, speculative: bool) -> str:
+    """`tail` or `throughput`: auto is throughput with speculative rollouts (their samples are
+    the dense policy's at any budget, so the budget buys speed alone), tail otherwise."""
+    if objective == "auto":
+        return "throughput" if speculative else "tail"
+    if objective == "throughput" and not speculative:
+        raise ValueError(
+            "controller.objective=throughput needs rollout.speculative.enabled=true: without "
+            "it the budget sets how far the samples are from the dense policy (use tail)"
+        )
+    return objective
 
 
 def step_up(budget: int, grid: Sequence[int]) -> int:
@@ -133,7 +157,9 @@ class OnlineController:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        budgets, over_safe = list(state["budgets_pages"]), list(state["over_safe"])
+        budgets = list(state["budgets_pages"])
+        # A throughput controller's state has no counts: they restart (objective changed).
+        over_safe = list(state.get("over_safe", [0] * len(budgets)))
         if len(budgets) != len(over_safe):
             raise ValueError("controller state: budgets_pages and over_safe lengths differ")
         self.schedule = self.schedule.with_budgets(budgets)

@@ -12,4 +12,6 @@ The trainer calls one object, `monitor.Monitor` (docs/DESIGN.md §2 and §4).
     mismatch.py            the peers' rollout-vs-dense metrics: k1/k3 KL per bin, perplexity
                            ratio, extreme token ratios
     speedup_probe.py       every few steps, the same prompts rolled out densely and timed
+    draft_acceptance.py    speculative rollouts: the drafts' acceptance per bin (and budget),
+                           tokens per verify pass, the draft/verify time split
 """

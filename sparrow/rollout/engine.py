@@ -164,6 +164,11 @@ class LLMEngine:
     def set_schedule(self, schedule: Schedule | None) -> None:
         self.schedule = schedule
 
+    def set_draft_tokens(self, k: int) -> None:
+        """Speculative rounds draft `k` tokens from now on (the throughput controller's k)."""
+        assert self.speculative is not None, "draft tokens set on an engine that does not draft"
+        self.speculative = replace(self.speculative, draft_tokens=k)
+
     def update_weights(self, state_dict: dict[str, Tensor]) -> None:
         """Copy HF-named weights (any subset; e.g. base + merged LoRA) in place; cache untouched.
         A LoRA set with `set_lora` is kept. After sleep("weights"): every weight."""
@@ -286,7 +291,7 @@ class LLMEngine:
         batch = scheduler.schedule()
         if self.speculative is not None and isinstance(batch, DecodeBatch):
             spec = speculative_round(self, batch.seqs, scheduler.block_manager, params, tracked)
-            stats.add_round(spec.drafted, spec.accepted)
+            stats.add_round(batch.seqs, spec)
             step_seqs, tokens, sampled, logits = spec.seqs, spec.tokens, spec.sampled, spec.logits
             budgets = [
                 self._pages(s.num_tokens + o) for s, o in zip(step_seqs, spec.offsets, strict=True)

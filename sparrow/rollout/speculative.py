@@ -75,3 +75,10 @@ def accept_drafts(
     if float(residual.sum()) <= 0.0:  # p == q at j: rejection had probability 0 (rounding)
         residual = target_probs[j]
     return Verdict(j, draw(residual))
+
+
+def draft_acceptance(draft_probs: Tensor, target_probs: Tensor) -> Tensor:
+    """(n,) sum_v min(p(v), q(v)) at n drafted positions, draft_probs q and target_probs p
+    (n, V) the processed distributions the rule compares: each draft's acceptance probability
+    (1 - TV(p, q)), the quantity E[tokens per round] = (1 - a^(k+1)) / (1 - a) is built on."""
+    return torch.minimum(draft_probs, target_probs).sum(-1)  # (n,)

@@ -12,6 +12,7 @@ max_tokens (a round emits at most k + 1 tokens, the last never a draft), or for 
 has no page left (the drafts so far are verified; none is lost).
 """
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.sampler import Distributions, SamplerOutput
 from sparrow.rollout.sequence import Sequence
-from sparrow.rollout.speculative import accept_drafts
+from sparrow.rollout.speculative import accept_drafts, draft_acceptance
 
 
 @dataclass
@@ -34,6 +35,11 @@ class SpeculativeStep:
     logits: torch.Tensor  # (N, V) fp32 the dense pass's logits each token is drawn from
     drafted: int  # draft tokens proposed, all sequences
     accepted: int  # of those, kept
+    # Per sequence (seqs order of the call), sum_v min(p, q) at the drafts the rule tested
+    # (up to and including the first rejected one): the measured speculative acceptance.
+    draft_accept: list[torch.Tensor]
+    draft_s: float  # seconds drafting (the sparse decode steps)
+    verify_s: float  # seconds in the dense pass and the accept/resample step
 
 
 def speculative_round(
@@ -49,6 +55,7 @@ def speculative_round(
     drafts: list[list[int]] = [[] for _ in seqs]
     draft_probs: list[list[torch.Tensor]] = [[] for _ in seqs]
     active = [i for i in range(len(seqs)) if min(k, room[i] - 1) > 0]
+    start_s = time.perf_counter()
     while active:
         step = [seqs[i] for i in active]
         logits = engine.runner.decode(step, engine.budgets(step), tracked)  # (B, V)
@@ -68,6 +75,7 @@ def speculative_round(
             if more:
                 still.append(i)
         active = still
+    drafted_s = time.perf_counter()
     logits = engine.runner.verify(seqs, [len(d) + 1 for d in drafts], tracked)  # (N, V)
     target = Distributions(logits, params.temperature, params.top_p, params.top_k).probs()
     uniforms = engine.sampler.uniforms(sum(len(d) for d in drafts))  # on the logits' device
@@ -75,6 +83,7 @@ def speculative_round(
     offsets: list[int] = []
     tokens: list[int] = []
     rows: list[int] = []
+    tested: list[torch.Tensor] = []
     start = used = 0
     for seq, drafted, q, b in zip(seqs, drafts, draft_probs, base, strict=True):
         n = len(drafted)
@@ -86,6 +95,9 @@ def speculative_round(
             lambda w: int(engine.sampler.draw_from(w[None])[0]),
         )
         out = drafted[: verdict.num_accepted] + [verdict.next_token]
+        m = min(verdict.num_accepted + 1, n)
+        q_m, p_m = (torch.stack(q[:m]), target[start : start + m]) if m else (target[:0],) * 2
+        tested.append(draft_acceptance(q_m, p_m))  # (m,) on the logits' device
         flat += [seq] * len(out)
         offsets += range(len(out))
         tokens += out
@@ -98,7 +110,21 @@ def speculative_round(
     sampled = engine.sampler.record(dense, torch.tensor(tokens, device=kept.device))
     drafted_total = sum(len(d) for d in drafts)
     accepted = len(tokens) - len(seqs)
-    return SpeculativeStep(flat, offsets, tokens, sampled, kept, drafted_total, accepted)
+    lengths = [len(t) for t in tested]
+    tested = list(torch.cat(tested).cpu().split(lengths))  # one device-to-host copy
+    verify_s = time.perf_counter() - drafted_s
+    return SpeculativeStep(
+        flat,
+        offsets,
+        tokens,
+        sampled,
+        kept,
+        drafted_total,
+        accepted,
+        tested,
+        drafted_s - start_s,
+        verify_s,
+    )
 
 
 def _has_page(seq: Sequence, bm: BlockManager) -> bool:

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from sparrow.cluster import PUSH_BACKENDS
-from sparrow.control.controller import ControllerConfig
+from sparrow.control.controller import ControllerConfig, resolve_objective
 from sparrow.control.schedule import ScheduleConfig
 from sparrow.distill.distill_sparse import DistillConfig
 from sparrow.models.loading import ModelConfig
@@ -300,6 +300,7 @@ class SparrowConfig:
             raise ValueError(f"resume_mismatch={self.resume_mismatch!r}: expected refuse or allow")
         if self.run_dir_reuse not in ("refuse", "allow"):
             raise ValueError(f"run_dir_reuse={self.run_dir_reuse!r}: expected refuse or allow")
+        resolve_objective(self.controller.objective, self.rollout.speculative.enabled)
         if self.rollout.speculative.enabled and self.distill.enabled and not self.distill.gate:
             raise ValueError(
                 "rollout.speculative.enabled=true with distill.gate=false: the engine's weights "

@@ -25,6 +25,8 @@ at step boundaries, so the resumed step draws the same rounds again.
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from functools import reduce
+from operator import add
 from typing import cast
 
 import torch
@@ -265,6 +267,9 @@ def assemble(groups: list[Group], rounds: list[Round], collate: Collate) -> Roun
 
 
 def _sum_dataclass(items: list):
-    """Field-wise sum of numeric dataclasses (the engine's GenerateStats of each round)."""
+    """Field-wise sum of dataclasses of numbers and addables (the engine's GenerateStats of each
+    round: its counts, times and speculative DraftAcceptance)."""
     first = items[0]
-    return replace(first, **{f.name: sum(getattr(i, f.name) for i in items) for f in fields(first)})
+    return replace(
+        first, **{f.name: reduce(add, (getattr(i, f.name) for i in items)) for f in fields(first)}
+    )

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from sparrow.control.controller import resolve_objective
 from sparrow.distributed import Ranks
 from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_memory import micro_batch_activation_bytes
@@ -14,7 +15,6 @@ from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores, GuardedReward
 from sparrow.train.config import SparrowConfig
 from sparrow.train.memory.plan import actor_micro_batch_tokens
-from sparrow.train.rollouts.episodes import episode_metrics
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ra
         "len/prompt_mean": ranks.mean(float(batch.prompt_lens.sum()), n),
         "len/truncated_frac": ranks.mean(float(truncated), n),
         "rollout/tokens": ranks.mean(float(lengths.sum()), 1),
-    } | episode_metrics(outputs, ranks)
+    }
 
 
 class RewardFailures:
@@ -123,18 +123,17 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     logp = f"logp {g('time/logprobs_s', '{:.1f}')}s " if "time/logprobs_s" in m else ""
     failed = m.get("reward/errors", 0) + m.get("reward/timeouts", 0)
     failures = f" reward_errors {failed:.0f}/{g('reward/calls', '{:.0f}')}" if failed else ""
-    if "episode/turns_mean" in m:  # multi-turn episodes (env.function)
-        failures += (
-            f" turns {g('episode/turns_mean', '{:.2f}')} tools "
-            f"{g('episode/tool_calls', '{:.0f}')} err {g('episode/tool_errors', '{:.0f}')} "
-            f"tok obs/model {g('episode/observation_tokens_mean', '{:.0f}')}/"
-            f"{g('episode/model_tokens_mean', '{:.0f}')}"
+    if "spec/tokens_per_verify" in m:  # speculative rollouts: the drafts' acceptance and yield
+        tail = (
+            f"spec a {g('spec/accept/mean')} k {g('spec/draft_tokens', '{:.0f}')} "
+            f"tok/verify {g('spec/tokens_per_verify', '{:.2f}')}"
         )
+    else:
+        tail = f"p5 min {g('accept/p5_min')}"
     return (
         f"step {step}/{total} | reward {g('reward/mean')} acc {g('acc/train')} "
         f"len {g('len/completion_mean', '{:.1f}')}{failures}{sampling} | {update} | "
-        f"p5 min {g('accept/p5_min')} "
-        f"kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
+        f"{tail} kv {g('kv_read_ratio', '{:.2f}')} | rollout {g('time/rollout_s', '{:.1f}')}s "
         f"{logp}monitor {g('time/monitor_s', '{:.1f}')}s "
         f"update {g('time/update_s', '{:.1f}')}s"
     )
@@ -198,16 +197,32 @@ def format_plan(
         )
     spec = cfg.rollout.speculative
     if spec.enabled:
-        held = "" if schedule.mode == "dense" else "; the controller holds its budgets"
         lines.append(
-            f"  speculative rollouts: {spec.draft_tokens} sparse drafts per dense verify pass, "
-            f"samples the dense policy's{held}"
+            f"  speculative rollouts: sparse drafts, one dense verify pass, samples the dense "
+            f"policy's; {_speculative_control(cfg)}"
         )
     if seeds is not None:
         lines.append(f"  {seeds}")
     if model_config is not None:
         lines.append("  " + actor_plan(cfg, model_config, *(prompt_lengths or ())))
     return "\n".join(lines)
+
+
+def _speculative_control(cfg: SparrowConfig) -> str:
+    """Who sets the budgets and k of speculative rollouts, for the plan line."""
+    k = cfg.rollout.speculative.draft_tokens
+    if cfg.schedule.mode == "dense":
+        return f"{k} drafts per round (schedule dense: the drafts are the dense policy's)"
+    if resolve_objective(cfg.controller.objective, True) == "tail":
+        return (
+            f"{k} drafts per round; controller.objective=tail: the controller holds its budgets "
+            "(the rows' acceptance is the noise floor), throughput is not steered"
+        )
+    budgets = "budgets per bin and " if cfg.schedule.mode == "online" else ""
+    return (
+        f"controller.objective=throughput: {budgets}k (1-8, from {k}) chosen for the most "
+        "expected tokens/s from the drafts' measured acceptance and the cost model"
+    )
 
 
 def _correction(c) -> str:

@@ -313,7 +313,7 @@ class GRPOTrainer:
             )
             sampled.free_logits()
         with timer("control"):
-            control = self.steering.update(rollout.batch, acceptance.stats)
+            control = self.steering.update(rollout.batch, acceptance.stats, rollout.stats)
         return acceptance, control
 
     def _before_update(self, timer: PhaseTimer, rollout: Rollout) -> tuple:

@@ -45,12 +45,14 @@ def test_a_merged_adapter_cannot_verify(tmp_path):
         load_config(["preset=tiny", *SPECULATIVE, "distill=default", "distill.gate=false"])
 
 
-def test_the_controller_holds_its_budgets_under_speculative_rollouts(tmp_path):
+def test_the_tail_controller_holds_its_budgets_under_speculative_rollouts(tmp_path):
     """The rows are the dense pass's: their acceptance (the noise floor, ~1) says nothing of the
-    drafts' and would lower every bin step after step; the budgets stay as set and the plan
-    says so."""
+    drafts' and would lower every bin step after step; under controller.objective=tail the
+    budgets stay as set and the plan says so (throughput, the default, steers on the drafts':
+    test_speculative_throughput.py)."""
     online = ("schedule.mode=online", "schedule.budgets_pages=[6]", "controller.patience=1")
-    trainer = _trainer(tmp_path, *SPECULATIVE, *online, "controller.min_tokens=1")
+    tail = ("controller.min_tokens=1", "controller.objective=tail")
+    trainer = _trainer(tmp_path, *SPECULATIVE, *online, *tail)
     for _ in range(2):
         trainer.train_step()
     assert list(trainer.steering.controller.schedule.budgets_pages) == [6]  # would be [3, 3]

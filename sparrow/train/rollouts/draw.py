@@ -110,6 +110,8 @@ class RolloutDraw:
             "prompts": prompts,
             "plan": self.plan(share),
             "schedule": self.engine.schedule,
+            # The speculative rounds' k (the throughput controller's), None without them.
+            "draft_tokens": spec.draft_tokens if (spec := self.engine.speculative) else None,
             "seed": seed,
         }
 
@@ -118,6 +120,8 @@ class RolloutDraw:
         on this engine's weights of `version`."""
         assert request["rank"] == self.ranks.rank, "a draw made for another training rank"
         self.engine.set_schedule(request["schedule"])
+        if request["draft_tokens"] is not None:
+            self.engine.set_draft_tokens(request["draft_tokens"])
         self.prompts = iter([request["prompts"]])
         self.plan = lambda num_prompts: request["plan"]
         self.seed, self.version = request["seed"], version

@@ -86,7 +86,7 @@ class RolloutSource:
                 rollout.stats,
             )
         with timer("control"):  # this step's acceptance sets the next rollout's schedule
-            control = self.steering.update(rollout.batch, acceptance.stats)
+            control = self.steering.update(rollout.batch, acceptance.stats, rollout.stats)
             if self.staleness and step + 1 < self.cfg.rl.steps:  # none past the last
                 self.pipeline.submit(step + 1)
         sampled.steered = (acceptance, control)
