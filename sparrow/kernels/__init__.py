@@ -11,8 +11,16 @@ Hopper), compile_hook.py (Triton's post-compile hook). Triton is imported only w
 kernel runs. This package imports nothing else from sparrow.
 """
 
-from .decode_cpu import cpu_kernel_error, sparse_decode_cpu
-from .decode_torch import GatherPlan, attend_gathered, gather_kv, gather_plan
+from .decode_cpu import cpu_kernel_error, multi_query_decode_cpu, sparse_decode_cpu
+from .decode_torch import (
+    GatherPlan,
+    MultiQueryPlan,
+    attend_gathered,
+    attend_multi_query,
+    gather_kv,
+    gather_plan,
+    multi_query_plan,
+)
 from .dispatch import (
     BACKENDS,
     add_rms_norm,
@@ -29,8 +37,9 @@ from .paged_cache import PageSummary, update_page_summaries, write_kv
 from .selection import SCORE_MODES, SelectedPages, SelectionPlan, select_from_scores, selection_plan
 
 __all__ = [
-    "BACKENDS", "SCORE_MODES", "GatherPlan", "PageSummary", "SelectedPages", "SelectionPlan",
-    "add_rms_norm", "append_kv", "attend_gathered", "cpu_kernel_error", "gather_kv", "gather_plan",
+    "BACKENDS", "SCORE_MODES", "GatherPlan", "MultiQueryPlan", "PageSummary", "SelectedPages",
+    "SelectionPlan", "add_rms_norm", "append_kv", "attend_gathered", "attend_multi_query",
+    "cpu_kernel_error", "gather_kv", "gather_plan", "multi_query_decode_cpu", "multi_query_plan",
     "paged_decode", "qk_norm_rope", "resolve_backend", "select_from_scores", "select_pages",
     "selection_plan", "silu_mul", "sparse_decode", "sparse_decode_cpu", "update_page_summaries",
     "uses_triton", "write_kv",

@@ -240,3 +240,121 @@ extern "C" void sparrow_sparse_decode(const float* q, const float* k_cache, cons
     }
   }
 }
+
+// Multi-query dense decode: the verify pass of speculative decoding. Rows starts[s]..starts[s+1]-1
+// of q are sequence s's query tokens (its last cached token and its drafts, whose K/V are already
+// in the cache), row r attending to the sequence's tokens [0, lens[r]): causal among the new rows
+// by their lengths. One task per (sequence, KV head) reads each key and value row once for all the
+// sequence's R x G query heads, where R decode rows would read them R times; nothing is gathered.
+// Each query's logits, softmax and weighted sum run in the order `attend` runs them: a row's output
+// equals a decode step's for the same query to the bit.
+namespace {
+
+struct MultiQueryArgs {
+  const float* q;             // (N, H_q, D)
+  const float* k_cache;       // (num_pages, PAGE, H_kv, D)
+  const float* v_cache;       // (num_pages, PAGE, H_kv, D)
+  const int32_t* page_table;  // (S, table_cols)
+  int64_t table_cols;
+  const int32_t* starts;  // (S + 1,) first row of each sequence, then N
+  const int32_t* lens;    // (N,) tokens row r attends to, its own included
+  int64_t num_q_heads, num_kv_heads, head_dim, page_size;
+  float scale;
+  float* out;  // (N, H_q, D)
+};
+
+template <int kDim>
+void attend_rows(const MultiQueryArgs& a, int64_t s, int64_t h, std::vector<float>& logits,
+                 std::vector<float>& acc) {
+  const int64_t dim = kDim > 0 ? kDim : a.head_dim;
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  const int64_t first = a.starts[s], rows = a.starts[s + 1] - first;
+  if (rows <= 0) return;
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, a.lens[first + r]);
+  const int64_t num_queries = rows * group;  // query (r, g) at index r * group + g
+  const int64_t stride = a.num_kv_heads * dim;  // floats between consecutive tokens of a head
+  const int32_t* table = a.page_table + s * a.table_cols;
+  logits.resize(num_queries * longest);
+  acc.assign(num_queries * dim, 0.f);
+  float* lg = logits.data();
+  auto query = [&](int64_t r, int64_t g) {
+    return a.q + ((first + r) * a.num_q_heads + h * group + g) * dim;
+  };
+  auto token_row = [&](const float* cache, int64_t t) {
+    const int64_t page = table[t / a.page_size];
+    return cache + ((page * a.page_size + t % a.page_size) * a.num_kv_heads + h) * dim;
+  };
+  // (1) logits: each key once, against every query that sees it.
+  for (int64_t t = 0; t < longest; ++t) {
+    const float* key = token_row(a.k_cache, t);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t >= a.lens[first + r]) continue;
+      for (int64_t g = 0; g < group; ++g)
+        lg[(r * group + g) * longest + t] = dot(query(r, g), key, dim) * a.scale;
+    }
+  }
+  // (2) softmax of each query over its own tokens.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t len = a.lens[first + r];
+    for (int64_t g = 0; g < group; ++g) {
+      float* l = lg + (r * group + g) * longest;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < len; ++j) m = std::max(m, l[j]);
+      float sum = 0.f;
+      for (int64_t j = 0; j < len; ++j) {
+        l[j] = std::exp(l[j] - m);
+        sum += l[j];
+      }
+      const float inv = 1.f / sum;
+      for (int64_t j = 0; j < len; ++j) l[j] *= inv;
+    }
+  }
+  // (3) the weighted values: each value row once, into every query's accumulator (L1-resident).
+  for (int64_t t = 0; t < longest; ++t) {
+    const float* v = token_row(a.v_cache, t);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t >= a.lens[first + r]) continue;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = r * group + g;
+        const float wt = lg[i * longest + t];
+        float* out = acc.data() + i * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) out[d] += wt * v[d];
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < group; ++g)
+      std::copy(acc.data() + (r * group + g) * dim, acc.data() + (r * group + g + 1) * dim,
+                a.out + ((first + r) * a.num_q_heads + h * group + g) * dim);
+}
+
+}  // namespace
+
+extern "C" void sparrow_multi_query_decode(const float* q, const float* k_cache,
+                                           const float* v_cache, const int32_t* page_table,
+                                           int64_t table_cols, const int32_t* starts,
+                                           const int32_t* lens, int64_t num_seqs,
+                                           int64_t num_q_heads, int64_t num_kv_heads,
+                                           int64_t head_dim, int64_t page_size, float scale,
+                                           float* out, int num_threads) {
+  const MultiQueryArgs a{q,           k_cache,      v_cache,  page_table, table_cols,
+                         starts,      lens,         num_q_heads, num_kv_heads, head_dim,
+                         page_size,   scale,        out};
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> logits, acc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < num_seqs * num_kv_heads; ++task) {
+      const int64_t s = task / num_kv_heads, h = task % num_kv_heads;
+      if (head_dim == 64) {
+        attend_rows<64>(a, s, h, logits, acc);
+      } else if (head_dim == 128) {
+        attend_rows<128>(a, s, h, logits, acc);
+      } else {
+        attend_rows<0>(a, s, h, logits, acc);
+      }
+    }
+  }
+}

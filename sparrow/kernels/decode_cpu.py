@@ -121,6 +121,47 @@ def sparse_decode_cpu(
     return out
 
 
+def multi_query_decode_cpu(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    page_table: Tensor,
+    query_starts: Tensor,
+    seq_lens: Tensor,
+    *,
+    scale: float,
+) -> Tensor:
+    """Dense attention of several query rows per sequence over its pages, read in place (the
+    verify pass of speculative decoding). q (N, H_q, D) fp32: rows query_starts[s] ..
+    query_starts[s + 1] - 1 are sequence s's; page_table (S, P); query_starts (S + 1,); seq_lens
+    (N,) tokens each row attends to, its own included (its K/V written already). -> (N, H_q, D)."""
+    lib = cpu_kernel()
+    if lib is None:
+        raise RuntimeError(f"the cpp decode backend is unavailable: {cpu_kernel_error()}")
+    _, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    q = q.contiguous()
+    page_table = page_table.to(torch.int32).contiguous()
+    query_starts = query_starts.to(torch.int32).contiguous()
+    seq_lens = seq_lens.to(torch.int32).contiguous()
+    out = torch.empty_like(q)
+    lib.sparrow_multi_query_decode(
+        *(_ptr(t) for t in (q, k_cache, v_cache, page_table)),
+        page_table.shape[1],
+        _ptr(query_starts),
+        _ptr(seq_lens),
+        page_table.shape[0],
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        scale,
+        _ptr(out),
+        torch.get_num_threads(),
+    )
+    return out
+
+
 def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -141,6 +182,10 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     fn.argtypes = [p, p, p, p, i64, p, p, p, p, i64, i64, i64, i64, i64, i64, i64]
     fn.argtypes += [ctypes.c_float, p, ctypes.c_int]
     fn.restype = None
+    multi = lib.sparrow_multi_query_decode
+    multi.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p]
+    multi.argtypes += [ctypes.c_int]
+    multi.restype = None
     return lib, None
 
 

@@ -126,3 +126,71 @@ def attend_gathered(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale
         q_groups, keys.float(), values.float(), attn_mask=bias, scale=scale
     )  # (B, H_kv, G, D)
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)  # (B, H_q, D)
+
+
+@dataclass
+class MultiQueryPlan:
+    """Several query rows per sequence over its pages (the verify pass of speculative decoding):
+    each sequence's pages gathered once, its rows' queries stacked as SDPA query rows."""
+
+    gather: GatherPlan  # every page of each sequence, up to its longest row
+    bias: Tensor  # (S, 1, R * G, T) fp32: 0 where query (row, head of the group) attends
+    row_of_slot: Tensor  # (S * R,) int64 row of q in each (sequence, slot); padding: a real row
+    slot_of_row: Tensor  # (N,) int64 the (sequence, slot) of each row of q
+
+
+def multi_query_plan(
+    page_table: Tensor,
+    seq_lens: Tensor,
+    num_rows: list[int],
+    longest: int,
+    page_size: int,
+    num_kv_heads: int,
+    group: int,
+) -> MultiQueryPlan:
+    """page_table (S, P); seq_lens (N,) tokens each row attends to (its own included), rows of one
+    sequence consecutive, num_rows[s] of them (host list, >= 1 each); `longest`: the longest
+    row's length, known to the caller's host bookkeeping (no device sync here)."""
+    device = page_table.device
+    num_seqs, most = len(num_rows), max(num_rows)
+    starts = [0]
+    for n in num_rows:
+        starts.append(starts[-1] + n)
+    row_of_slot = [starts[s] + min(j, n - 1) for s, n in enumerate(num_rows) for j in range(most)]
+    slot_of_row = [s * most + j for s, n in enumerate(num_rows) for j in range(n)]
+    row_of_slot_t = torch.tensor(row_of_slot, device=device)
+    lens = seq_lens.long()[row_of_slot_t].view(num_seqs, most)  # (S, R)
+    gather = gather_plan(
+        page_table, lens.amax(dim=1), None, page_size, num_kv_heads,
+        num_slots=-(-longest // page_size),
+    )  # fmt: skip
+    num_tokens = gather.bias.shape[-1]
+    visible = torch.arange(num_tokens, device=device) < lens[..., None]  # (S, R, T)
+    bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
+    bias = bias.masked_fill_(~visible, -torch.inf)[:, :, None, :]  # (S, R, 1, T)
+    bias = bias.expand(num_seqs, most, group, num_tokens).reshape(num_seqs, 1, -1, num_tokens)
+    return MultiQueryPlan(gather, bias, row_of_slot_t, torch.tensor(slot_of_row, device=device))
+
+
+def attend_multi_query(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    plan: MultiQueryPlan,
+    scale: float,
+    workspace: list[Tensor] | None = None,
+) -> Tensor:
+    """q (N, H_q, D) -> (N, H_q, D) in q's dtype: each row over its sequence's tokens in `plan`."""
+    keys, values = gather_kv(k_cache, v_cache, plan.gather, workspace)  # (S, H_kv, T, D) each
+    num_seqs, num_kv_heads = keys.shape[:2]
+    _, num_q_heads, head_dim = q.shape
+    group = num_q_heads // num_kv_heads
+    most = plan.row_of_slot.numel() // num_seqs
+    queries = q.float()[plan.row_of_slot].view(num_seqs, most, num_kv_heads, group, head_dim)
+    queries = queries.transpose(1, 2).reshape(num_seqs, num_kv_heads, most * group, head_dim)
+    out = F.scaled_dot_product_attention(
+        queries, keys.float(), values.float(), attn_mask=plan.bias, scale=scale
+    )  # (S, H_kv, R * G, D)
+    out = out.view(num_seqs, num_kv_heads, most, group, head_dim).transpose(1, 2)
+    out = out.reshape(num_seqs * most, num_q_heads, head_dim)  # (S * R, H_q, D)
+    return out[plan.slot_of_row].to(q.dtype)

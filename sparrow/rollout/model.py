@@ -25,7 +25,12 @@ from sparrow.models.families import check_family
 from sparrow.models.shape import ModelShape
 from sparrow.rollout.linear import Linear
 from sparrow.rollout.lora import LayerLora, LowRankDelta, build_layer_loras, copy_layer_loras
-from sparrow.rollout.paged_attention import DecodeMetadata, PagedKVCache, PrefillMetadata
+from sparrow.rollout.paged_attention import (
+    DecodeMetadata,
+    PagedKVCache,
+    PrefillMetadata,
+    VerifyMetadata,
+)
 from sparrow.rollout.rope import Rope, apply_rope, rope_from_config
 
 # Prefixes that wrappers put in front of HF parameter names (PEFT, DDP).
@@ -276,6 +281,23 @@ class DecoderModel:
             return kv.decode_attention(layer, q, k, v, meta)
 
         return self._logits(self._forward(input_ids, positions, attend, lora_gate))
+
+    def verify(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        logit_rows: Tensor | None,
+        kv: PagedKVCache,
+        meta: VerifyMetadata,
+    ) -> Tensor:
+        """Several tokens per sequence onto its cached K/V (speculative decoding's dense pass):
+        input_ids, positions (N,) -> logits (N, V) fp32, or at `logit_rows` only (R,)."""
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return kv.verify_attention(layer, q, k, v, meta)
+
+        hidden = self._forward(input_ids, positions, attend)  # (N, hidden)
+        return self._logits(hidden if logit_rows is None else hidden[logit_rows])
 
     def _forward(
         self,

@@ -32,6 +32,7 @@ from sparrow.rollout.paged_attention import (
     PagedKVCache,
     PrefillMetadata,
     SparseAttentionConfig,
+    VerifyMetadata,
 )
 from sparrow.rollout.sequence import Sequence
 from sparrow.rollout.sleep import release_storages, restore_storages, return_memory
@@ -222,31 +223,57 @@ class ModelRunner:
     ) -> Tensor:
         """The dense pass of speculative decoding: logits (sum(num_new), V) fp32 at each of the
         last num_new[i] tokens of each sequence (its last cached token and its drafts), which
-        attend densely to the cached K/V before them and causally to each other. Their K/V are
-        written again: the drafts' were computed under sparse attention, and from the first
-        sparse layer on they differ from the dense ones the accepted tokens must keep."""
+        attend densely to the cached K/V before them and causally to each other (`last_only`:
+        at each sequence's last token only, (S, V)). Their K/V are written again: the drafts'
+        were computed under sparse attention, and from the first sparse layer on they differ
+        from the dense ones the accepted tokens must keep. Decode-shaped: each row reads its
+        sequence's pages in place (`PagedKVCache.verify_attention`), where the prefill path
+        gathered and concatenated each sequence's whole context per layer (2.8 dense decode
+        steps for 4 rows at 2K context; docs/speculative/README.md has the figures)."""
         ps = self.page_size
-        ids, slots, page_ids, fills, positions, contexts, bounds = [], [], [], [], [], [], []
-        start = 0
-        for seq, new in zip(seqs, num_new, strict=True):
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        page_ids: list[int] = []
+        fills: list[int] = []
+        width = max(len(seq.page_table) for seq in seqs)
+        pad = self.kv.num_pages - 1  # the scratch page: never read (past every row's length)
+        tables = [seq.page_table + [pad] * (width - len(seq.page_table)) for seq in seqs]
+        for seq, table, new in zip(seqs, tables, num_new, strict=True):
             length = seq.num_tokens
             cached = length - new  # tokens before the verified ones, whose K/V stand
-            table = torch.tensor(seq.page_table, dtype=torch.int64)  # (P,)
-            tokens = torch.arange(length)
-            token_slots = table[tokens // ps] * ps + tokens % ps  # (length,)
-            ids.append(torch.tensor(seq.token_ids[cached:], dtype=torch.int64))
-            positions.append(tokens[cached:])
-            slots.append(token_slots[cached:])
-            first, last = cached // ps, (length - 1) // ps
-            page_ids.append(table[first : last + 1])
-            fills.append((length - torch.arange(first, last + 1) * ps).clamp(max=ps))
-            contexts.append(self._to(token_slots[:cached]) if cached else None)
-            bounds.append((start, start + new))
-            start += new
-        every = torch.arange(start)  # every new token's K/V written, and its logits returned
-        written = (every, torch.cat(slots), torch.cat(page_ids), torch.cat(fills))
-        rows = torch.tensor([end - 1 for _, end in bounds]) if last_only else every
-        return self._run_prefill(ids, positions, bounds, rows, written, contexts, update_summaries)
+            ids += seq.token_ids[cached:]
+            positions += range(cached, length)
+            slots += [table[t // ps] * ps + t % ps for t in range(cached, length)]
+            for page in range(cached // ps, (length - 1) // ps + 1):
+                page_ids.append(table[page])
+                fills.append(min(ps, length - page * ps))
+        starts = [0]
+        for new in num_new:
+            starts.append(starts[-1] + new)
+        meta = VerifyMetadata(
+            slot_mapping=self._to(torch.tensor(slots, dtype=torch.int64)),
+            page_table=self._to(torch.tensor(tables, dtype=torch.int32)),
+            query_starts=self._to(torch.tensor(starts, dtype=torch.int32)),
+            seq_lens=self._to(torch.tensor(positions, dtype=torch.int32) + 1),
+            num_rows=list(num_new),
+            longest=max(positions) + 1,
+        )
+        self.kv.prepare_verify(meta)
+        last = self._to(torch.tensor(starts[1:]) - 1) if last_only else None
+        logits = self.model.verify(
+            self._to(torch.tensor(ids, dtype=torch.int64)),
+            self._to(torch.tensor(positions, dtype=torch.int64)),
+            last,
+            self.kv,
+            meta,
+        )
+        if update_summaries:
+            self.kv.update_summaries(
+                self._to(torch.tensor(page_ids, dtype=torch.int64)),
+                self._to(torch.tensor(fills, dtype=torch.int64)),
+            )
+        return logits
 
     def _run_prefill(
         self,

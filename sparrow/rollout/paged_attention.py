@@ -26,12 +26,16 @@ from torch import Tensor
 
 from sparrow.kernels import (
     GatherPlan,
+    MultiQueryPlan,
     PageSummary,
     SelectedPages,
     SelectionPlan,
     append_kv,
     attend_gathered,
+    attend_multi_query,
     gather_plan,
+    multi_query_decode_cpu,
+    multi_query_plan,
     paged_decode,
     resolve_backend,
     select_pages,
@@ -92,6 +96,23 @@ class DecodeMetadata:
     distinct: tuple[Tensor, Tensor] | None = None
     dense_plan: GatherPlan | None = None  # torch backend: built by the step's first dense layer
     selection: SelectionPlan | None = None  # sparse steps: built by `prepare_decode`
+
+
+@dataclass
+class VerifyMetadata:
+    """The dense verify pass of speculative decoding: several query rows per sequence (its last
+    cached token and its drafts, consecutive), each attending to its sequence's cached tokens up
+    to and including itself. Built by the runner from host lists; read by every layer."""
+
+    slot_mapping: Tensor  # (N,) int64, cache slot of each row's token (its K/V are rewritten)
+    page_table: Tensor  # (S, P) int32, each sequence's physical pages
+    query_starts: Tensor  # (S + 1,) int32, the first row of each sequence, then N
+    seq_lens: Tensor  # (N,) int32, tokens each row attends to, its own included
+    num_rows: list[int]  # (S,) host: rows per sequence
+    longest: int  # host: the longest row's seq_len
+    # Triton: each row's sequence's page table (N, P), for the one-query decode kernel
+    row_table: Tensor | None = None
+    plan: MultiQueryPlan | None = None  # torch backend: built by the pass's first layer
 
 
 class PagedKVCache:
@@ -255,6 +276,44 @@ class PagedKVCache:
         if selected is None and not self._triton:
             return self._dense_gathered(layer, q, k, v, meta)
         return self._paged_decode(layer, q, meta, selected, plan=None)
+
+    def prepare_verify(self, meta: VerifyMetadata) -> None:
+        """Before a verify pass: its K/V writes change tokens the dense layers' contiguous copy
+        may hold (drafts written under sparse attention), so the copy is rebuilt next step."""
+        if self.dense_copy is not None:
+            self.dense_copy.invalidate()
+        if self._triton:
+            rows = torch.repeat_interleave(
+                torch.arange(len(meta.num_rows)), torch.tensor(meta.num_rows)
+            ).to(meta.page_table.device)
+            meta.row_table = meta.page_table[rows]  # (N, P)
+
+    def verify_attention(
+        self, layer: int, q: Tensor, k: Tensor, v: Tensor, meta: VerifyMetadata
+    ) -> Tensor:
+        """q (N, H_q, D), the rows' k, v (N, H_kv, D) -> (N, H_q, D): the rows' K/V written over
+        whatever their slots held (the drafts' sparse-attention values), then dense attention of
+        each row to its sequence's tokens before it and itself, read from the pages in place (no
+        per-sequence copy of the context, as a prefill over cached tokens makes)."""
+        k_cache, v_cache = self.k[layer], self.v[layer]
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        scale = q.shape[-1] ** -0.5
+        if self._fused_sparse:  # CPU fp32: one task per (sequence, KV head) reads its K/V once
+            return multi_query_decode_cpu(
+                q, k_cache, v_cache, meta.page_table, meta.query_starts, meta.seq_lens, scale=scale
+            )
+        if self._triton:  # the one-query kernel with a row per query (each reads its pages)
+            assert meta.row_table is not None, "prepare_verify builds the rows' page tables"
+            return paged_decode(
+                q, k_cache, v_cache, meta.row_table, meta.seq_lens, None,
+                scale=scale, backend="triton", validate=False,
+            )  # fmt: skip
+        if meta.plan is None:  # torch: one gather per sequence, its rows as SDPA query rows
+            meta.plan = multi_query_plan(
+                meta.page_table, meta.seq_lens, meta.num_rows, meta.longest,
+                self.cfg.page_size, k_cache.shape[2], q.shape[1] // k_cache.shape[2],
+            )  # fmt: skip
+        return attend_multi_query(q, k_cache, v_cache, meta.plan, scale, self._workspace)
 
     def _select(self, q: Tensor, summary: PageSummary, meta: DecodeMetadata) -> SelectedPages:
         """A sparse layer's pages for this step, on the step's selection plan."""

@@ -77,6 +77,20 @@ def test_greedy_speculative_equals_greedy_dense(lively_llama):
         assert stats.decode_tokens == sum(len(o.token_ids) - 1 for o in spec)
 
 
+def test_the_torch_backends_verify_pass_is_dense_too(lively_llama):
+    """The verify pass on the torch backend (one gather per sequence, its rows as SDPA query
+    rows; the test above runs the C++ multi-query kernel): greedy still equals dense."""
+    prompts = random_prompts(lively_llama.model.config.vocab_size, [9, 61])
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    dense = make_engine(lively_llama, None, backend="torch").generate(prompts, params, n=2)
+    engine = make_engine(lively_llama, FLOOR, 4, backend="torch")
+    spec = engine.generate(prompts, params, n=2)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in dense]
+    for s, d in zip(spec, dense, strict=True):
+        torch.testing.assert_close(s.logprobs, d.logprobs, atol=2e-5, rtol=0)
+    assert engine.last_stats.spec_accepted < engine.last_stats.spec_drafted  # drafts rejected
+
+
 def test_the_approximate_sparse_mode_differs_where_speculative_does_not(lively_llama):
     """The power of the test above: the floor budget alone changes the greedy tokens."""
     prompts = random_prompts(lively_llama.model.config.vocab_size, [40, 61])
