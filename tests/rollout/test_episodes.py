@@ -3,9 +3,12 @@ sequence is exactly the sampled tokens plus the observations, turn 2 continues o
 (only the observation's chunk is computed) under the sparse schedule at its true positions, and
 the limits end or cut episodes as documented."""
 
+import copy
+
 import pytest
 import torch
 
+from sparrow.models.loading import LoadedModel
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 from sparrow.rollout.episodes import EpisodeLimits, run_episodes
 from sparrow.tasks.environment import Observation as Obs
@@ -25,11 +28,13 @@ class ScriptedEnv:
     def reset(self) -> list[dict]:
         return [{"role": "user", "content": f"What is {self.tag} plus {self.tag}?"}]
 
+    def answer(self, turn: int) -> str:
+        return " ".join(["number"] * self.words) + f" {turn}"
+
     def step(self, text: str) -> Obs:
         self.seen.append(text)
         done = self.turns is not None and len(self.seen) >= self.turns
-        content = " ".join(["number"] * self.words) + f" {len(self.seen)}"
-        messages = [] if done else [{"role": "tool", "content": content}]
+        messages = [] if done else [{"role": "tool", "content": self.answer(len(self.seen))}]
         return Obs(messages, done, reward=1.0, tool_calls=1, tool_errors=len(self.seen) % 2)
 
 
@@ -202,3 +207,39 @@ def test_mismatched_environments_are_refused(lively_llama):
         run_episodes(
             engine, [[1, 2]], [ScriptedEnv(1)] * 2, None, params(lively_llama), EpisodeLimits(), n=3
         )
+
+
+# DeepSeek-R1's way: the generation prompt opens the think block, and earlier assistant turns are
+# rendered with their reasoning (and that opener) stripped.
+THINK_TEMPLATE = (
+    "{% for message in messages %}{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+
+
+def test_rerendering_the_history_through_a_think_template_is_not_what_was_sampled(lively_llama):
+    """The episode's tokens are the prompt, each sampled turn and each observation, so every turn
+    was sampled after the template's `<think>` opener; re-rendering the conversation through the
+    same template (what the trainer must never do) drops those openers: other tokens."""
+    tok = copy.deepcopy(lively_llama.tokenizer)
+    tok.chat_template = THINK_TEMPLATE
+    lm = LoadedModel(lively_llama.model, tok)
+    envs = [ScriptedEnv(turns=2, words=5, tag=i) for i in range(3)]
+    _, outs, _ = run(lm, envs)
+    for out, env in zip(outs, envs, strict=True):
+        sequence = out.prompt_ids + out.token_ids
+        assert out.episode.turns == 2 and tok.decode(sequence).count("<think>\n") == 2
+        messages = env.reset()
+        for k, (is_obs, ids) in enumerate(segments(out)):
+            if is_obs:
+                messages.append({"role": "tool", "content": env.answer(k // 2 + 1)})
+            else:
+                messages.append({"role": "assistant", "content": tok.decode(ids)})
+        text = tok.apply_chat_template(messages, tokenize=False)
+        rerendered = tok.encode(text, add_special_tokens=False)
+        assert rerendered != sequence
+        assert tok.decode(rerendered).count("<think>") == 0
