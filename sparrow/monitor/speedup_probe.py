@@ -8,11 +8,16 @@ def measure_speedup(
     """Decode tok/s of the sparse rollout (`sparse_stats`, the engine's last stats) over a dense
     re-rollout of the same `prompts`, sampled from `seed` (a stream of its own, so that the
     probe leaves the training rollouts' samples as they were); the engine's schedule is restored
-    afterwards."""
-    schedule = engine.schedule
+    afterwards. With speculative rollouts the dense arm is plain dense decode too (a round
+    drafting densely would time a verify pass per token for nothing)."""
+    schedule, speculative = engine.schedule, engine.speculative
     engine.set_schedule(None)
-    engine.generate(prompts, sampling, group_size, seed=seed)
-    engine.set_schedule(schedule)
+    engine.speculative = None
+    try:
+        engine.generate(prompts, sampling, group_size, seed=seed)
+    finally:
+        engine.set_schedule(schedule)
+        engine.speculative = speculative
     dense_stats = engine.last_stats
     return {
         "speedup/measured": sparse_stats.decode_tok_s / max(dense_stats.decode_tok_s, 1e-9),

@@ -5,6 +5,7 @@ throughput controller reads them (control/throughput.py)."""
 
 from tiny_lm import random_prompts
 
+from sparrow.monitor.speedup_probe import measure_speedup
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
 from sparrow.rollout.speculative import SpeculativeConfig
 
@@ -63,3 +64,18 @@ def test_the_recorded_acceptance_predicts_the_realised_acceptance_rate(lively_ll
     stderr = (mean * (1 - mean) / tested) ** 0.5
     assert 0.05 < mean < 0.95, mean  # the test needs rejections and acceptances both
     assert abs(mean - kept) < 4 * stderr + 0.01, (mean, kept, tested)
+
+
+def test_the_speedup_probe_times_plain_dense_decode(lively_llama):
+    """speedup/measured with speculative rollouts: their decode tok/s over plain dense decode's
+    (no rounds in the dense arm), the engine left as it was."""
+    engine = make_engine(lively_llama, lambda context: FLOOR, k=4)
+    prompts = random_prompts(lively_llama.model.config.vocab_size, [30], seed=1)
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    engine.generate(prompts, params, n=2, seed=0)
+    spec_stats = engine.last_stats
+    speculative, schedule = engine.speculative, engine.schedule
+    metrics = measure_speedup(engine, prompts, params, 2, spec_stats, seed=1)
+    assert engine.last_stats.spec_rounds == 0 and engine.last_stats.decode_tokens > 0
+    assert engine.speculative is speculative and engine.schedule is schedule
+    assert metrics["speedup/sparse_decode_tok_s"] == spec_stats.decode_tok_s
