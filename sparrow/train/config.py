@@ -313,6 +313,12 @@ class SparrowConfig:
                 "merged while the policy adapter is pushed unmerged over the base: set "
                 "distill.gate=true (phi then adds at sparse steps, on top of the adapter)"
             )
+        if self.actor.lora.rank and self.rollout.engine.sleep == "weights":
+            raise ValueError(
+                "rollout.engine.sleep=weights with actor.lora.rank: a LoRA sync pushes the "
+                "adapter alone, never the base again, so the engine keeps its base weights; "
+                "use rollout.engine.sleep=kv"
+            )
         if self.env.function and self.rollout.speculative.enabled:
             raise ValueError(
                 "env.function with rollout.speculative.enabled: multi-turn episodes do not run "
