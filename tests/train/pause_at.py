@@ -38,10 +38,15 @@ really move, which makes "the same final weights" a real comparison. `test_half_
 same for about half of the prompts (by a hash of the prompt) and scores the others 0, so that
 dynamic sampling needs more than one round per step.
 
+With PAUSE_AT_STOP_EVERY=K in the environment every K-th token id also closes a rollout's
+assistant turn (a random tiny model rarely samples its end token), so that multi-turn episodes
+(env.function) reach their later turns in a real run; on every rank that draws.
+
 The hooks wrap methods from the outside and call the originals unchanged, so a run that never
 reaches its phase is bit-identical to a plain one; the library knows nothing about them.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -108,6 +113,18 @@ def _length_reward(prompt: str, completion: str, reference: str) -> RewardResult
 
 def _half_signal_reward(prompt: str, completion: str, reference: str) -> RewardResult:
     return RewardResult(len(completion) / 64.0 if zlib.crc32(prompt.encode()) % 2 else 0.0)
+
+
+def close_turns_every(k: int) -> None:
+    """Every k-th token id closes a training rollout's turn (PAUSE_AT_STOP_EVERY)."""
+    real_init = RolloutDraw.__init__
+
+    def init(self, cfg, engine, plan, prompts, tokenizer, *args, **kwargs):
+        real_init(self, cfg, engine, plan, prompts, tokenizer, *args, **kwargs)
+        stops = tuple(range(0, len(tokenizer), k))
+        self.sampling = dataclasses.replace(self.sampling, stop_token_ids=stops)
+
+    RolloutDraw.__init__ = init
 
 
 def install(phase: str, target: int, marker: Path) -> None:
@@ -237,4 +254,6 @@ if __name__ == "__main__":
     register_reward("test_length", lambda cfg: _length_reward)
     register_reward("test_half_signal", lambda cfg: _half_signal_reward)
     install(phase, int(step), Path(marker))
+    if os.environ.get("PAUSE_AT_STOP_EVERY"):
+        close_turns_every(int(os.environ["PAUSE_AT_STOP_EVERY"]))
     sys.exit(main(overrides))

@@ -143,3 +143,35 @@ def test_sparrow_train_tiny_calculator_runs_on_cpu_and_sparrow_eval_scores_episo
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "episodes of env.function=calculator" in evaluated.stderr
     assert evaluated.stdout.startswith("accuracy ")
+
+
+def _rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_dynamic_sampling_draws_rounds_of_episodes(tmp_path):
+    trainer, drawn, trained = multi_turn_trainer(
+        tmp_path, "rl.dynamic_sampling.enabled=true", "rl.dynamic_sampling.max_rounds=3"
+    )
+    trainer.fit()
+    rows = _rows(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert len(drawn) == sum(r["sampling/rounds"] for r in rows)  # one episode call per round
+    for micro_batches, _ in trained:  # whatever rounds a step kept, observations stay masked
+        for mb in micro_batches:
+            mask = mb["completion_mask"]
+            assert int(mask.sum()) < int(mb["attention_mask"].sum() - mb["prompt_lens"].sum())
+    assert all(r["episode/turns_mean"] > 1 for r in rows)
+
+
+def test_async_staleness_one_runs_episodes_in_the_producer_thread(tmp_path):
+    trainer, drawn, trained = multi_turn_trainer(tmp_path, "rl.async.staleness=1")
+    trainer.fit()
+    rows = _rows(tmp_path)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    assert all(r["episode/turns_mean"] > 1 for r in rows)
+    for outputs, (micro_batches, _) in zip(drawn, trained, strict=True):
+        masks = rows_of(micro_batches, "completion_mask")
+        for o, mask in zip(outputs, masks, strict=True):
+            p, n = len(o.prompt_ids), len(o.token_ids)
+            assert torch.equal(mask[p : p + n], ~o.observation_mask)
