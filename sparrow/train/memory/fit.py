@@ -5,11 +5,13 @@ may change so that the plan fits, or a one-line refusal naming the phase and the
     fitted = fit_memory(cfg, shape, world=1, on_gpu=True, device=device)  # or MemoryRefused
     fitted.cfg, fitted.line()
 
-Only two knobs are sized, those that change memory and not the run's result: the actor's
-activation checkpointing (recomputes layers in backward) and its token budget per micro-batch
-(the GRPO loss is a sum over tokens, however the batch is cut). A knob the user set on the
-command line (`pinned`) stays as set. Everything else (KV pool, prefill size, ZeRO stage,
-ranks) changes what runs or where, and is named in the refusal instead.
+Only knobs that change memory and not the run's result are sized, in this order: the engine's
+sleep through the actor phases (rollout.engine.sleep=kv: its KV pool freed and rebuilt empty,
+generations bit-equal), the actor's activation checkpointing (recomputes layers in backward),
+the engine's weight copy freed too (sleep=weights: pushed again at the sync) and the actor's
+token budget per micro-batch (the GRPO loss is a sum over tokens, however the batch is cut). A
+knob the user set on the command line (`pinned`) stays as set. Everything else (KV pool, prefill
+size, ZeRO stage, ranks) changes what runs or where, and is named in the refusal instead.
 """
 
 import os
@@ -22,6 +24,7 @@ from sparrow.train.memory.plan import GiB, MemoryPlan, plan_memory
 H200_BYTES = 139 * GiB
 CHECKPOINTING = "actor.activation_checkpointing"
 TOKEN_BUDGET = "actor.max_tokens_per_micro_batch"
+SLEEP = "rollout.engine.sleep"
 _ACTOR_PHASES = ("actor log-probs", "actor step")  # what the sized knobs change
 _BUDGET_STEP = 256  # a sized token budget is a multiple of this
 
@@ -63,6 +66,11 @@ class Fitted:
             f"usable ({self.device.name} {self.device.bytes / GiB:.1f} GiB, "
             f"{self.device.headroom:.0%} kept free)"
         )
+        if self.plan.asleep:
+            text += (
+                f"; the engine sleeps through the actor phases ({SLEEP}={self.plan.sleep}, "
+                f"{self.plan.asleep / GiB:.1f} GiB freed)"
+            )
         if self.changes:
             text += "; sized to fit: " + ", ".join(self.changes)
         if self.configured:
@@ -114,9 +122,10 @@ def fit_memory(
     longest_prompt: int | None = None,
     common_prefix: int = 0,
 ) -> Fitted:
-    """The plan of `cfg` if it fits `device`; else `cfg` with checkpointing on and then the
-    largest token budget that fits (each unless pinned or memory.fit=false); else MemoryRefused
-    naming the phase over the device and the knob to change."""
+    """The plan of `cfg` if it fits `device`; else `cfg` with, until it fits, the engine asleep
+    through the actor phases, checkpointing on, the engine's weights asleep too and the largest
+    token budget that fits (each unless pinned or memory.fit=false); else MemoryRefused naming
+    the phase over the device and the knob to change."""
 
     def plan(c: SparrowConfig) -> MemoryPlan:
         return plan_memory(c, shape, world, on_gpu, longest_prompt, common_prefix, device.runtime)
@@ -127,16 +136,25 @@ def fit_memory(
     changes: list[str] = []
     if _peak(current) <= usable:
         return Fitted(cfg, current, device, ())
+    free = cfg.memory.fit
+    if free and _may_sleep(cfg, pinned, "off"):
+        cfg, current = _sleep(cfg, "kv"), plan(_sleep(cfg, "kv"))
+        changes.append(f"{SLEEP}=kv")
     # What the actor knobs cannot shrink must fit first: the engine's phases.
     for name, peak in current.phases.items():
         if name not in _ACTOR_PHASES and peak > usable:
             knob = _engine_knob(name, current, cfg, world)
             raise MemoryRefused(_refusal(name, peak, device, knob), current)
-    free = cfg.memory.fit
-    if free and CHECKPOINTING not in pinned and not cfg.actor.activation_checkpointing:
+    checkpointed = cfg.actor.activation_checkpointing
+    if _peak(current) > usable and free and CHECKPOINTING not in pinned and not checkpointed:
         cfg = replace(cfg, actor=replace(cfg.actor, activation_checkpointing=True))
         changes.append(f"{CHECKPOINTING}=true")
         current = plan(cfg)
+    if _peak(current) > usable and free and _may_sleep(cfg, pinned, "kv"):
+        weights = plan(_sleep(cfg, "weights"))
+        if weights.asleep > current.asleep:  # else an engine pass keeps the copy (plan.py)
+            cfg, current = _sleep(cfg, "weights"), weights
+            changes = [c for c in changes if not c.startswith(SLEEP)] + [f"{SLEEP}=weights"]
     if _peak(current) > usable and free and TOKEN_BUDGET not in pinned:
         budget = _largest_budget(cfg, plan, usable)
         if budget is None:  # not even the longest row alone: the refusal names the lengths
@@ -149,6 +167,18 @@ def fit_memory(
         knob = _actor_knob(cfg, current, pinned, _longest_row(cfg, plan))
         raise MemoryRefused(_refusal(name, peak, device, knob), current)
     return Fitted(cfg, current, device, tuple(changes), configured if changes else None)
+
+
+def _may_sleep(cfg: SparrowConfig, pinned: frozenset[str], level: str) -> bool:
+    """Whether the fit may deepen the engine's sleep from `level`: it is not pinned, set deeper
+    already, or refused (an in-process async producer draws beside the update)."""
+    producer = cfg.rl.async_rollout.staleness and not cfg.cluster.rollout_ranks
+    return SLEEP not in pinned and cfg.rollout.engine.sleep == level and not producer
+
+
+def _sleep(cfg: SparrowConfig, level: str) -> SparrowConfig:
+    engine = replace(cfg.rollout.engine, sleep=level)
+    return replace(cfg, rollout=replace(cfg.rollout, engine=engine))
 
 
 def _longest_row(cfg: SparrowConfig, plan) -> int:
@@ -228,6 +258,9 @@ def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int) -
 
 def _actor_knob(cfg: SparrowConfig, plan: MemoryPlan, pinned: frozenset[str], row: int) -> str:
     advice = []
+    deeper = {"off": "kv", "kv": "weights"}.get(cfg.rollout.engine.sleep)
+    if deeper:
+        advice.append(f"set {SLEEP}={deeper}")
     if not cfg.actor.activation_checkpointing:
         advice.append(f"set {CHECKPOINTING}=true")
     if plan.actor_tokens > row:
@@ -242,7 +275,7 @@ def _actor_knob(cfg: SparrowConfig, plan: MemoryPlan, pinned: frozenset[str], ro
     text = " or ".join(advice)
     if not cfg.memory.fit:
         text += ", or let memory.fit=true size them"
-    elif pinned & {CHECKPOINTING, TOKEN_BUDGET}:
+    elif pinned & {CHECKPOINTING, TOKEN_BUDGET, SLEEP}:
         text += " (set on the command line, so not sized)"
     return text
 

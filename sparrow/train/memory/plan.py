@@ -22,6 +22,10 @@ optimizer state, the engine's weight copy, KV pool and page summaries) plus its 
 - distill step (distill.enabled): DistillSparse's update after the dense one, its gradients and
   one micro-batch's forward + backward (adapter.py); its frozen copy of the weights and the
   adapter's state stay resident all run.
+With rollout.engine.sleep (rollout/sleep.py) the engine frees its KV pool, page summaries and
+dense copies (`asleep`), and at `weights` its weight copy and packed matrices too, through the
+actor log-probs, actor step and distill step phases. Not the weights where the speedup probe
+re-rolls out after the update (monitor.speedup_every) or theta is frozen (rl.update_policy=false).
 
 On CPU the device is host RAM, which the process itself shares, and three more things live there:
 - `runtime`: the process when the plan is made (interpreter, torch, DeepSpeed, transformers, the
@@ -63,7 +67,7 @@ from sparrow.train.memory.actor_passes import (
     no_grad_pass_bytes,
     step_cache_copies,
 )
-from sparrow.train.memory.adapter import adapter_memory, lora_parameter_count
+from sparrow.train.memory.adapter import adapter_memory
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -71,6 +75,9 @@ PHASES = (
     "resident", "prefill peak", "decode peak", "actor log-probs", "monitor exact", "actor step",
     "distill step",
 )  # fmt: skip
+# Where the trainer has put the engine to sleep (rollout.engine.sleep): the actor's own passes. The
+# monitor's exact pass may replay rows on the engine, so it is planned awake.
+SLEEPING_PHASES = ("actor log-probs", "actor step", "distill step")
 # CPU, see the module docstring. The slack is the smallest share (in steps of 0.05) for which the
 # plan covers the worst peaks of `sparrow-bench actor long-prompt` (test_plan.py's
 # LONG_PROMPT_GIB: 1-2 groups of 3200-token prompts, a run other than the README's), whose two
@@ -109,6 +116,8 @@ class MemoryPlan:
     adapter_state: int = 0  # distill.enabled: LoRA, its AdamW moments, the engine's factors
     distill_extra: int = 0  # distill.enabled: the distill step's gradients and micro-batch
     distill_rows: int = 0  # rows of the distill micro-batch planned
+    asleep: int = 0  # rollout.engine.sleep: what the engine frees through the actor phases
+    sleep: str = "off"  # rollout.engine.sleep, for the table
 
     @property
     def engine_resident(self) -> int:
@@ -145,7 +154,11 @@ class MemoryPlan:
         """Phase -> bytes held at its peak (the optimizer state and DistillSparse's copy and
         state stay resident throughout)."""
         base = self.engine_resident + self.optimizer + self.distill_weights + self.adapter_state
-        return {name: base + int(t * (1 + self.slack)) for name, t in self.transients.items()}
+        phases = {name: base + int(t * (1 + self.slack)) for name, t in self.transients.items()}
+        for name in SLEEPING_PHASES:
+            if name in phases:
+                phases[name] -= self.asleep
+        return phases
 
     def peak_phase(self) -> tuple[str, int]:
         return max(self.phases.items(), key=lambda kv: kv[1])
@@ -168,6 +181,8 @@ class MemoryPlan:
         if self.distill_weights:
             parts += [("distill frozen weights", self.distill_weights),
                       ("distill adapter + AdamW", self.adapter_state)]  # fmt: skip
+        if self.asleep:
+            parts.append((f"engine asleep ({self.sleep})", -self.asleep))
         lines = [f"memory plan ({device_name}: {device_bytes / GiB:.1f} GiB)", "  parts:"]
         lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in parts]
         held = "resident: engine resident + optimizer state"
@@ -175,6 +190,8 @@ class MemoryPlan:
             held += " + distill"
         if self.slack:
             held += f"; transients +{self.slack:.0%} allocator slack"
+        if self.asleep:
+            held += "; the actor phases less the engine asleep"
         lines.append(f"  held at each phase's peak ({held}):")
         lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in self.phases.items()]
         return "\n".join(lines)
@@ -233,7 +250,7 @@ def plan_memory(
     params = parameter_count(shape)
     engine_bytes = _DTYPE_BYTES[eng.dtype]
     bf16 = actor.precision == "bf16" or (actor.precision == "auto" and on_gpu)
-    actor_weights, optimizer, gradients = _actor_state_bytes(cfg, shape, params, world, bf16)
+    actor_weights, optimizer, gradients = _actor_state_bytes(cfg, params, world, bf16)
     triton = on_gpu and eng.backend in ("auto", "triton")
     kv_pool, page_summaries, dense_copies = _engine_cache_bytes(cfg, shape, engine_bytes, triton)
     prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
@@ -269,8 +286,7 @@ def plan_memory(
         actor_tokens=mb.decoder_tokens,
         actor_expanded=mb.expanded_tokens,
         checkpointing=actor.activation_checkpointing,
-        # A LoRA run's reference is its own base, the adapter off: no copy.
-        reference_weights=actor_weights if cfg.rl.loss.kl_coef and not actor.lora.rank else 0,
+        reference_weights=actor_weights if cfg.rl.loss.kl_coef else 0,
         exact_extra=exact_extra,
         runtime=runtime if host else 0,
         packed_weights=matrix_count(shape) * engine_bytes if packed else 0,
@@ -281,7 +297,21 @@ def plan_memory(
         adapter_state=adapter.state,
         distill_extra=adapter.step,
         distill_rows=adapter.rows,
-    )
+        asleep=_asleep_bytes(cfg, kv_pool + page_summaries + dense_copies, params * engine_bytes
+                             + (matrix_count(shape) * engine_bytes if packed else 0)),
+        sleep=eng.sleep,
+    )  # fmt: skip
+
+
+def _asleep_bytes(cfg: SparrowConfig, cache: int, weights: int) -> int:
+    """What the engine's sleep frees through the actor phases: its caches, and at `weights` its
+    weight copy (with the packed one) unless an engine pass after the update keeps it (the
+    speedup probe) or no push would refill it (a frozen theta)."""
+    level = cfg.rollout.engine.sleep
+    if level == "off":
+        return 0
+    keeps_weights = bool(cfg.monitor.speedup_every) or not cfg.rl.update_policy
+    return cache + (weights if level == "weights" and not keeps_weights else 0)
 
 
 def _engine_transients(
@@ -302,24 +332,21 @@ def _engine_transients(
 
 
 def _actor_state_bytes(
-    cfg: SparrowConfig, shape: ModelShape, params: int, world: int, bf16: bool
+    cfg: SparrowConfig, params: int, world: int, bf16: bool
 ) -> tuple[int, int, int]:
     """(weights, optimizer, gradients) bytes of the actor on one rank: ZeRO partitions the
     optimizer state from stage 1, the gradients from 2 and the weights from 3 (the reference
     model's weights are held as the actor's). The optimizer keeps fp32 Adam moments, plus an
-    fp32 master copy of bf16 weights. With actor.lora only the adapter's `lora` parameters
-    train: the optimizer state and gradients are theirs, the weights the base's plus theirs."""
+    fp32 master copy of bf16 weights."""
     model_bytes = _DTYPE_BYTES[cfg.model.dtype]
     stage = cfg.actor.zero_stage
-    lora = cfg.actor.lora
-    trained = lora_parameter_count(shape, lora.rank, lora.modules()) if lora.rank else params
 
     def share(stage_from: int) -> int:  # ZeRO partitions this state from stage `stage_from` on
         return world if stage >= stage_from else 1
 
-    weights = (params + (trained if lora.rank else 0)) * model_bytes // share(3)
-    optimizer = trained * (8 + (4 if bf16 else 0)) // share(1)
-    return weights, optimizer, trained * model_bytes // share(2)
+    weights = params * model_bytes // share(3)
+    optimizer = params * (8 + (4 if bf16 else 0)) // share(1)
+    return weights, optimizer, params * model_bytes // share(2)
 
 
 def _engine_cache_bytes(

@@ -19,7 +19,7 @@ from sparrow.models.random_init import random_model_config
 from sparrow.models.shape import ModelShape
 from sparrow.rl.actor_memory import micro_batch_activation_bytes
 from sparrow.train.memory.adapter import lora_parameter_count
-from sparrow.train.memory.fit import DeviceMemory, MemoryRefused, fit_memory
+from sparrow.train.memory.fit import SLEEP, DeviceMemory, MemoryRefused, fit_memory
 from sparrow.train.memory.plan import GiB, parameter_count, plan_memory
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -83,16 +83,18 @@ def test_a_distill_step_over_the_device_is_refused_naming_its_rows():
 
 def test_the_gpu_checks_distill_stage_fits_an_h100():
     """The distill stage's own settings (scripts/gpu_check.sh: its tokens and rows) fit an H100,
-    the adapter counted; distill.micro_batch_size=1 at 8K tokens would not (~80 GiB)."""
+    the adapter counted; distill.micro_batch_size=1 at 8K tokens would not (~80 GiB) with the
+    engine awake, and fits with it asleep (the fit's first knob)."""
     script = (ROOT / "scripts/gpu_check.sh").read_text()
     tokens = int(re.search(r'"\$\{STEP_DISTILL_TOKENS:-(\d+)\}"', script).group(1))
     rows = int(re.search(r"distill.micro_batch_size=\$\{STEP_DISTILL_ROWS:-(\d+)\}", script)[1])
     cfg = gpu_cfg(tokens, "distill=default", f"distill.micro_batch_size={rows}")
     fitted = fit_memory(cfg, QWEN17, 1, True, H100, longest_prompt=64)
     assert fitted.plan.phases["distill step"] <= H100.usable
+    one_row = gpu_cfg(8192, "distill=default", "distill.micro_batch_size=1")
     with pytest.raises(MemoryRefused, match="distill step"):
-        one_row = gpu_cfg(8192, "distill=default", "distill.micro_batch_size=1")
-        fit_memory(one_row, QWEN17, 1, True, H100, longest_prompt=64)
+        fit_memory(one_row, QWEN17, 1, True, H100, frozenset({SLEEP}), longest_prompt=64)
+    assert fit_memory(one_row, QWEN17, 1, True, H100, longest_prompt=64).changes[0] == f"{SLEEP}=kv"
 
 
 def test_merged_mode_counts_the_merge_when_larger():

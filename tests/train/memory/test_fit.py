@@ -12,6 +12,7 @@ from sparrow.rollout.engine import EngineConfig
 from sparrow.train.config import MemoryConfig, RLConfig, RolloutConfig, SparrowConfig
 from sparrow.train.memory.fit import (
     CHECKPOINTING,
+    SLEEP,
     TOKEN_BUDGET,
     DeviceMemory,
     MemoryRefused,
@@ -46,7 +47,10 @@ def device(nbytes: int) -> DeviceMemory:
     return DeviceMemory(nbytes, "test device", headroom=0.0)
 
 
-def fit(c: SparrowConfig, nbytes: int, pinned=frozenset()):
+def fit(c: SparrowConfig, nbytes: int, pinned=frozenset(), sleep=False):
+    """The actor knobs' tests keep the engine awake (rollout.engine.sleep as if pinned); the
+    sleep's own pass `sleep=True`."""
+    pinned = pinned if sleep else pinned | {SLEEP}
     return fit_memory(c, SHAPE, 1, False, device(nbytes), pinned, PROMPT)
 
 
@@ -96,6 +100,55 @@ def test_a_knob_set_on_the_command_line_is_not_sized():
     assert "set on the command line" in message
 
 
+def _sleeping(c: SparrowConfig, level: str) -> SparrowConfig:
+    return replace(c, rollout=replace(c.rollout, engine=replace(c.rollout.engine, sleep=level)))
+
+
+def test_the_engine_sleeps_first_when_that_is_enough():
+    """Sleep (the pool freed through the actor phases) before checkpointing: it changes no
+    result and recomputes nothing; the plan line says the engine sleeps and what it frees."""
+    c = cfg(num_pages=4096)
+    asleep = plan_memory(_sleeping(c, "kv"), SHAPE, 1, False, PROMPT)
+    assert asleep.asleep == asleep.kv_pool + asleep.page_summaries + asleep.dense_copies
+    assert asleep.peak_phase()[1] < peak(c)
+    fitted = fit(c, asleep.peak_phase()[1], sleep=True)
+    assert fitted.changes == (f"{SLEEP}=kv",) and fitted.cfg.rollout.engine.sleep == "kv"
+    assert not fitted.cfg.actor.activation_checkpointing
+    line = fitted.line()
+    assert f"the engine sleeps through the actor phases ({SLEEP}=kv" in line
+    assert f"sized to fit: {SLEEP}=kv" in line
+    plan, awake = fitted.plan, plan_memory(c, SHAPE, 1, False, PROMPT)
+    for name in ("actor log-probs", "actor step"):  # asleep there, awake for the rollout
+        assert plan.phases[name] == awake.phases[name] - plan.asleep
+    assert plan.phases["resident"] == awake.phases["resident"]
+    with pytest.raises(MemoryRefused, match=f"set {SLEEP}=kv"):  # pinned off: named
+        fit(c, asleep.peak_phase()[1], pinned=frozenset({CHECKPOINTING, TOKEN_BUDGET}))
+
+
+def test_then_checkpointing_then_the_weights_asleep_too():
+    c = cfg(num_pages=4096)
+    on = replace(_sleeping(c, "kv"), actor=replace(c.actor, activation_checkpointing=True))
+    weights = plan_memory(_sleeping(on, "weights"), SHAPE, 1, False, PROMPT)
+    assert weights.asleep > plan_memory(on, SHAPE, 1, False, PROMPT).asleep
+    fitted = fit(c, weights.peak_phase()[1], sleep=True)
+    assert fitted.changes == (f"{CHECKPOINTING}=true", f"{SLEEP}=weights")
+    # The speedup probe re-rolls out after the update with the rollout's weights: they stay.
+    probed = replace(on, monitor=replace(on.monitor, speedup_every=2))
+    assert plan_memory(_sleeping(probed, "weights"), SHAPE, 1, False, PROMPT).asleep == (
+        plan_memory(probed, SHAPE, 1, False, PROMPT).asleep
+    )
+
+
+def test_an_async_producer_keeps_the_engine_awake():
+    c = cfg(num_pages=4096)
+    c = replace(c, rl=replace(c.rl, async_rollout=replace(c.rl.async_rollout, staleness=1)))
+    asleep = plan_memory(_sleeping(cfg(num_pages=4096), "kv"), SHAPE, 1, False, PROMPT)
+    fitted = fit(c, asleep.peak_phase()[1] * 2, sleep=True)
+    assert fitted.cfg.rollout.engine.sleep == "off"
+    with pytest.raises(ValueError, match="cannot sleep through it"):
+        _sleeping(c, "kv")
+
+
 def test_memory_fit_false_refuses_instead_of_sizing():
     c = cfg(fit=False)
     with pytest.raises(MemoryRefused, match="actor step needs .*memory.fit=true"):
@@ -138,7 +191,7 @@ def test_the_default_run_on_a_smaller_machine_says_what_it_sized_and_why():
     smollm2 = ModelShape(30, 576, 1536, 9, 3, 64, 49152, tied_embeddings=True)
     default = load_config([])
     small = DeviceMemory(8 * GiB, "memory.device_gib", headroom=0.1, runtime=GiB)
-    fitted = fit_memory(default, smollm2, 1, False, small, frozenset(), 385, 366)
+    fitted = fit_memory(default, smollm2, 1, False, small, frozenset({SLEEP}), 385, 366)
     budget = fitted.cfg.actor.max_tokens_per_micro_batch
     assert fitted.changes == (f"{CHECKPOINTING}=true", f"{TOKEN_BUDGET}={budget}")
     configured = plan_memory(default, smollm2, 1, False, 385, 366, GiB).peak_phase()

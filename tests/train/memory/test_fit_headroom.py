@@ -5,7 +5,7 @@ hold the phase while their usable bytes do not."""
 import pytest
 from test_fit import PROMPT, SHAPE, cfg
 
-from sparrow.train.memory.fit import CHECKPOINTING, DeviceMemory, MemoryRefused, fit_memory
+from sparrow.train.memory.fit import SLEEP, DeviceMemory, MemoryRefused, fit_memory
 from sparrow.train.memory.plan import plan_memory
 
 HEADROOM = 0.25
@@ -32,5 +32,5 @@ def test_the_whole_plan_is_held_to_the_usable_bytes():
     fitted = fit(c, -(-peak * 4 // 3))  # usable 75% = the peak: left alone
     assert fitted.changes == () and fitted.device.usable >= peak
     sized = fit(c, peak + 1)  # the device's bytes hold the peak, the usable bytes do not
-    assert sized.changes[:1] == (f"{CHECKPOINTING}=true",)
+    assert sized.changes[:1] == (f"{SLEEP}=kv",)  # the fit's first knob
     assert sized.plan.peak_phase()[1] <= sized.device.usable < peak
