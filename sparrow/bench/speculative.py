@@ -11,11 +11,16 @@ schedule), approximate sparse (a constant `--budget-tokens`) and speculative (th
 excluded: dense and identical everywhere), best of `--repeats`, interleaved; the realised
 acceptance (accepted / drafted drafts), tokens per verify pass per sequence, and the best k per
 context. The speculative arms' samples are the dense policy's: the ratio is a lossless speedup.
+The runner's decode and verify calls are timed in the kept run of each arm, so the ratio is
+explained from the same run: a draft step and a verify pass in dense-step units, and the speedup
+they predict, tokens per verify / (draft steps per round x draft + verify), beside the measured
+one (the rest of a round, sampling and the accept rule, is what the two leave out).
 Exit 1 when an arm generated nothing (a skipped measurement is no measurement).
 """
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -69,13 +74,18 @@ def one_context(lm, args, context: int) -> dict:
     params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True)
     tok_s = dict.fromkeys(engines, 0.0)
     stats = {}
+    clocks = {name: RunnerClock(engine.runner) for name, engine in engines.items()}
+    warm = SamplingParams(1.0, max_tokens=3, ignore_eos=True)
     for engine in engines.values():  # warm-up: allocator, thread pools, packed weights
-        engine.generate([prompt], SamplingParams(1.0, max_tokens=3, ignore_eos=True), n=1)
+        engine.generate([prompt[:64]], warm, n=args.batch)
+    calls = {}
     for _ in range(args.repeats):  # interleaved, best of: the CPU may be shared
         for name, engine in engines.items():
+            clocks[name].reset()
             engine.generate([prompt], params, n=args.batch)
-            tok_s[name] = max(tok_s[name], engine.last_stats.decode_tok_s)
-            stats[name] = engine.last_stats
+            if engine.last_stats.decode_tok_s > tok_s[name]:
+                tok_s[name] = engine.last_stats.decode_tok_s
+                stats[name], calls[name] = engine.last_stats, clocks[name].snapshot()
     row = {
         "context_tokens": len(prompt),
         "budget_tokens": budget * ps,
@@ -83,18 +93,62 @@ def one_context(lm, args, context: int) -> dict:
         "vs_dense": {name: t / tok_s["dense"] for name, t in tok_s.items()},
         "acceptance": {},
         "tokens_per_verify": {},
+        "step_ms": {name: _per_call_ms(c) for name, c in calls.items()},
+        "cost": {},
     }
+    dense_ms = row["step_ms"]["dense"]["decode"]
     for k in args.draft_tokens:
-        s = stats[f"spec_k{k}"]
-        row["acceptance"][f"spec_k{k}"] = s.spec_accepted / max(s.spec_drafted, 1)
+        name = f"spec_k{k}"
+        s = stats[name]
+        row["acceptance"][name] = s.spec_accepted / max(s.spec_drafted, 1)
         # Rounds count batches; each sequence of a round emits its accepted drafts plus one.
-        row["tokens_per_verify"][f"spec_k{k}"] = s.decode_tokens / max(
-            s.spec_rounds * args.batch, 1
-        )
+        tpv = s.decode_tokens / max(s.spec_rounds * args.batch, 1)
+        row["tokens_per_verify"][name] = tpv
+        draft, verify = row["step_ms"][name]["decode"], row["step_ms"][name]["verify"]
+        steps = calls[name]["decode"][1] / max(calls[name]["verify"][1], 1)  # drafts per round
+        row["cost"][name] = {
+            "draft_steps_per_round": steps,
+            "draft_in_dense_steps": draft / dense_ms,
+            "verify_in_dense_steps": verify / dense_ms,
+            "predicted_vs_dense": tpv / (steps * draft / dense_ms + verify / dense_ms),
+        }
+    row["cost"]["sparse_in_dense_steps"] = row["step_ms"]["sparse"]["decode"] / dense_ms
     spec_arms = [f"spec_k{k}" for k in args.draft_tokens]
     row["best_k"] = int(max(spec_arms, key=tok_s.__getitem__).removeprefix("spec_k"))
     _print(row, args)
     return row
+
+
+class RunnerClock:
+    """Seconds and calls of a model runner's `decode` and `verify` (its bound methods wrapped
+    on the instance): a speculative round's draft steps and dense pass, apart."""
+
+    def __init__(self, runner):
+        self.totals: dict[str, list[float]] = {}
+        for name in ("decode", "verify"):
+            setattr(runner, name, self._timed(name, getattr(runner, name)))
+        self.reset()
+
+    def _timed(self, name: str, method):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = method(*args, **kwargs)
+            total = self.totals[name]
+            total[0] += time.perf_counter() - start
+            total[1] += 1
+            return out
+
+        return timed
+
+    def reset(self) -> None:
+        self.totals = {"decode": [0.0, 0], "verify": [0.0, 0]}
+
+    def snapshot(self) -> dict[str, tuple[float, int]]:
+        return {name: (t[0], int(t[1])) for name, t in self.totals.items()}
+
+
+def _per_call_ms(calls: dict[str, tuple[float, int]]) -> dict[str, float]:
+    return {name: 1e3 * s / n if n else 0.0 for name, (s, n) in calls.items()}
 
 
 def _print(row: dict, args) -> None:
@@ -103,11 +157,16 @@ def _print(row: dict, args) -> None:
         f"{args.new_tokens} new tokens, budget {row['budget_tokens']} tokens"
     )
     for name, t in row["tok_s"].items():
-        extra = ""
+        extra = f"  step {row['step_ms'][name]['decode']:.1f} ms"
         if name in row["acceptance"]:
+            cost = row["cost"][name]
             extra = (
                 f"  acceptance {row['acceptance'][name]:.3f}, "
-                f"{row['tokens_per_verify'][name]:.2f} tokens per verify"
+                f"{row['tokens_per_verify'][name]:.2f} tokens per verify; "
+                f"{cost['draft_steps_per_round']:.2f} drafts of "
+                f"{cost['draft_in_dense_steps']:.2f} + verify "
+                f"{cost['verify_in_dense_steps']:.2f} dense steps: predicts "
+                f"{cost['predicted_vs_dense']:.2f}x"
             )
         print(f"  {name:9s} {t:9.1f} tok/s  {row['vs_dense'][name]:5.2f}x dense{extra}")
     print(f"  best k: {row['best_k']}")
@@ -128,7 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=at_least(1), default=4, help="samples of the prompt")
     p.add_argument("--new-tokens", type=at_least(1), default=64)
     p.add_argument("--budget-tokens", type=at_least(1), default=512, help="draft budget (tokens)")
-    p.add_argument("--draft-tokens", type=at_least(1), nargs="+", default=[2, 4, 6], help="k")
+    p.add_argument("--draft-tokens", type=at_least(1), nargs="+", default=[2, 4, 6, 8], help="k")
     p.add_argument("--page-size", type=at_least(1), default=16)
     p.add_argument("--linear-backend", default="onednn", choices=["torch", "onednn"])
     p.add_argument("--repeats", type=at_least(1), default=2, help="timed runs; the best is kept")

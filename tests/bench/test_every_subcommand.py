@@ -135,7 +135,9 @@ TINY: dict[str, list[Run]] = {
             "speculative --model tiny-qwen3 --contexts 96 --batch 2 --new-tokens 6 "
             "--budget-tokens 48 --draft-tokens 2 3 --repeats 1 --json JSON_PATH",
             "contexts.*.tok_s.* contexts.*.vs_dense.* contexts.*.acceptance.* "
-            "contexts.*.tokens_per_verify.* contexts.*.best_k",
+            "contexts.*.tokens_per_verify.* contexts.*.best_k contexts.*.step_ms.*.decode "
+            "contexts.*.cost.spec_k2.verify_in_dense_steps contexts.*.cost.spec_k3.* "
+            "contexts.*.cost.sparse_in_dense_steps",
         ),
     ],
     "step": [  # docs/bench_step/README.md: both runs' phases, KV-read, p5, the speedups
