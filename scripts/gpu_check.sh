@@ -156,19 +156,23 @@ kernels)
     # compile: every Triton variant and CUDA-graph shape the headline meets, timed: the same
     # run's warm-up steps (every step of a batch has one page-table width, so they meet all of
     # it), no timed step; later parts load the variants from Triton's cache (TRITON_CACHE_DIR).
-    # 15 s start + ~5 s weights and K/V + ~14 variants x ~2.5 s + 24 steps and 4 captures ~3 s.
-    part compile 150 60 "$PY" -m sparrow.bench.cli decode-step --compile-only \
-        --json "$WORK/compile.json"
+    # 15 s start + ~5 s weights and K/V + ~14 variants x ~2.5 s + 24 steps and 4 captures ~3 s,
+    # + the speculative arm's verify pass (its variants ~2 x 2.5 s, 2 passes).
+    part compile 150 65 "$PY" -m sparrow.bench.cli decode-step --compile-only \
+        --json "$WORK/compile.json" --speculative-k 4
     # decode_step: the headline (Qwen3-1.7B, 32K context, 2K-token budget, batch 16 and 64,
     # sparse vs dense, graphs on and off; the profiling pass after every timed configuration):
     # 15 s start + ~5 s weights and K/V + 184 steps ~6 s + 4 captures ~2 s + 8 profiler sessions
-    # ~10 s + cache loads.
+    # ~10 s + cache loads; the speculative arm (decode_step_spec.py): a dense verify pass of
+    # 5 positions per row, 23 passes at about a dense step's bytes (~2 s), its speedup over
+    # dense beside docs/gpu/speculative_prediction.md (written before any GPU ran it).
     # numerics: each Triton kernel of the decode step against its torch reference at the
     # headline's model shape, a few pages, bf16 and fp32 (sparrow-bench kernel-check), before
     # any step is timed: a headline from kernels that compute the wrong thing fails here.
     # 15 s start + the bf16 variants from the compile part's cache + ~8 fp32 variants x ~2.5 s.
     part numerics 60 35 "$PY" -m sparrow.bench.cli kernel-check --json "$WORK/numerics.json"
-    part decode_step 150 45 "$PY" -m sparrow.bench.cli decode-step --json "$WORK/decode_step.json"
+    part decode_step 150 50 "$PY" -m sparrow.bench.cli decode-step --json "$WORK/decode_step.json" \
+        --speculative-k 4
     ;;
 rest)
     # gpu_tests: the kernels against the reference at awkward shapes: 50 cases, ~35 variants

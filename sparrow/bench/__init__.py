@@ -6,6 +6,7 @@ actor.py             actor: share_prefix on vs off; peak memory of an update vs 
 decode_step.py       decode-step: one whole-model decode step, sparse vs dense (CUDA events)
 decode_step_args.py  decode-step's arguments and their GPU / CPU defaults
 decode_step_report.py decode-step's problems check and printed rows
+decode_step_spec.py  decode-step's speculative arm: a dense verify pass of k + 1 positions timed
 step_timer.py        the decode-step's timer: CUDA events or the wall clock, host share
 decode.py            decode: one decode step's launches, host syncs, page-table cost
 dense_shared.py      dense-shared: one prompt's samples, shared pages via the kernel vs copies

@@ -46,6 +46,7 @@ import transformers
 
 from sparrow.bench.decode_step_args import parse_args
 from sparrow.bench.decode_step_report import print_profile, print_row, problems
+from sparrow.bench.decode_step_spec import speculative_row, time_verify
 from sparrow.bench.jit_compiles import CompileWatch
 from sparrow.bench.random_runner import RandomWeights
 from sparrow.bench.step_timer import StepTimer, host_share, summary
@@ -113,6 +114,7 @@ def pool_pages(args: argparse.Namespace) -> int:
     page plus room for every token the steps append."""
     ps = args.page_size
     steps = len(args.graphs) * 2 * (args.warmup + args.iters + args.profile_steps + 3)
+    steps += args.speculative_k  # a verify pass's drafts, taken back after it
     per_sample = 1 + -(-(steps + 1) // ps) + 1
     return max(b // args.samples * (args.context // ps) + b * per_sample for b in args.batches)
 
@@ -297,6 +299,8 @@ def run(bench: Bench, args, batch: int, timed: bool = True) -> list[dict]:
     seqs, bm = sequences(bench, batch, args.samples, args.context)
     held = len({page for seq in seqs for page in seq.page_table})  # shared pages once
     rows = []
+    # The speculative arm's verify pass (eager, whatever the graphs setting), once per batch.
+    verify = time_verify(bench, args, seqs, bm, timed) if args.speculative_k else None
     for graphs in args.graphs:
         sparse = measure(bench, args, seqs, bm, sparse=True, graphs=graphs, timed=timed)
         dense = measure(bench, args, seqs, bm, sparse=False, graphs=graphs, timed=timed)
@@ -309,6 +313,8 @@ def run(bench: Bench, args, batch: int, timed: bool = True) -> list[dict]:
             "ratio": dense["step_ms"] / sparse["step_ms"],
             "kv_bytes": kv_bytes(bench, args, batch, held),
         })  # fmt: skip
+        if verify is not None and verify["steps_ms"]:
+            rows[-1]["speculative"] = speculative_row(verify, sparse["step_ms"], dense["step_ms"])
         print_row(rows[-1])
     return rows
 
@@ -376,6 +382,7 @@ def report_header(args, bench: Bench) -> dict:
         "iters": args.iters,
         "warmup": args.warmup,
         "profile_steps": args.profile_steps,
+        "speculative_k": args.speculative_k,
         "page_columns": final_pages(args),
         "weights_bytes": bench.weights_bytes,
         "kv_bytes_per_token": kv_bytes(bench, args, 1)["per_token"],

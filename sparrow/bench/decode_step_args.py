@@ -49,6 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--graphs", default="auto", choices=["auto", "on", "off"],
         help="CUDA graphs: auto = both on and off on CUDA, off on a CPU",
     )  # fmt: skip
+    p.add_argument(
+        "--speculative-k", type=int, default=0,
+        help="also time a dense verify pass of K + 1 positions per sequence (the speculative "
+        "arm, decode_step_spec.py); 0: no arm",
+    )  # fmt: skip
     p.add_argument("--json", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     args.device = torch.device(args.device) if args.device else bench_device()
@@ -67,4 +72,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("batches must be multiples of --samples; context and budget of --page-size")
     if args.iters < 1:
         p.error("--iters must be >= 1")
+    if not 0 <= args.speculative_k <= 8:
+        p.error("--speculative-k must be in 0..8")
     return args

@@ -17,6 +17,8 @@ def problems(report: dict) -> list[str]:
                 found.append(
                     f"{name}: {r['jit_compiles_timed']} Triton compiles in timed {arm} steps"
                 )
+        if report.get("speculative_k") and "speculative" not in row:
+            found.append(f"{name}: the speculative arm's verify pass was not timed")
     found += [f"batch {e['batch']}: {e['error']}" for e in report.get("errors", [])]
     asked = len(report["batches"]) * len(report["graphs"])
     if len(report["runs"]) != asked:
@@ -32,6 +34,14 @@ def print_row(row: dict) -> None:
         f"{d['step_ms']:8.3f} ms  dense/sparse {row['ratio']:5.2f}x",
         flush=True,
     )
+    spec = row.get("speculative")
+    if spec is not None:
+        ratios = " ".join(f"a {a}: {r:.2f}x" for a, r in spec["speedup_vs_dense"].items())
+        print(
+            f"  speculative k {spec['draft_tokens']}: verify {spec['step_ms']:8.3f} ms "
+            f"({spec['verify_over_dense_step']:.2f} dense steps), over dense: {ratios}",
+            flush=True,
+        )
 
 
 def print_profile(rows: list[dict]) -> None:

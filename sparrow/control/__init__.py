@@ -10,6 +10,8 @@ trainer), and the offline calibration sweep that drives an engine it is given.
     cost_model.py   eFLOPs of dense vs block-sparse decode and of speculative rounds: the
                     predicted speedups
     kv_read.py      pages the sparse layers read over the pages a dense decode reads
+    speculative_prediction.py  the cost model's speedup for the GPU check's speculative arm,
+                    written to docs/gpu/ before a GPU runs it
 
 The monitor (sparrow/monitor/) decides which tokens are measured and feeds the controller.
 """
