@@ -17,7 +17,8 @@ class PolicyLoraConfig:
     rank: int = 0  # LoRA rank r of the policy adapter; 0: no adapter, every weight trains
     alpha: float = 16.0  # LoRA alpha: the adapter's update B A is scaled by alpha / rank
     # peft targets: all-linear (every decoder linear, not the LM head) or a comma-separated
-    # subset of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+    # subset of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (quoted on the command
+    # line: actor.lora.target_modules='q_proj,v_proj')
     target_modules: str = "all-linear"
     # LoRA dropout on the adapter's input: only 0 runs (the actor scores in eval mode, so the
     # PPO ratio is 1 at a step's first update and the kept dense log-probs are the policy's)
