@@ -13,4 +13,9 @@ user_reward.py     a user's reward function named by rl.reward.function (file or
 reward_result.py   what a reward returns, and its timeout
 math_verifier.py   answer extraction and math-verify equivalence
 sandbox.py         a killable worker process for reward calls under a deadline
+environment.py     multi-turn environments: the protocol, env.function loading, each turn's tokens
+tool_calls.py      Hermes/Qwen <tool_call> parsing, tool results as messages, the tools prompt
+env_guard.py       the environment guard (timeouts, faults, oversize, non-text; isolate) and counts
+env_worker.py      the guard's side in the isolated worker (imports no torch)
+envs/              built-in environments: calculator, python (envs/__init__.py maps them)
 """

@@ -45,7 +45,7 @@ from sparrow.tasks.environment import (
     Observation,
     load_env_factory,
 )
-from sparrow.tasks.reward_guard import _call_in_thread
+from sparrow.tasks.reward_guard import call_in_thread
 from sparrow.tasks.sandbox import Sandbox, SandboxError, SandboxTimeout
 from sparrow.tasks.tool_calls import CUT_MARKER
 from sparrow.tasks.user_reward import resolved_spec
@@ -173,7 +173,7 @@ class GuardedEnv:
         try:
             if self._isolated:
                 return fn()  # the worker call carries the deadline
-            done, value = _call_in_thread(fn, (), timeout_s, "env-step")
+            done, value = call_in_thread(fn, (), timeout_s, "env-step")
             if not done:
                 self._factory.overran(timeout_s)
                 raise TimeoutError(f"{what} took over {timeout_s} s")

@@ -148,7 +148,7 @@ class GuardedReward:
         if timeout_s is None:
             return self.fn(*args)
         fn = self.fn
-        done, value = _call_in_thread(fn, args, timeout_s, f"reward-{self.name}")
+        done, value = call_in_thread(fn, args, timeout_s, f"reward-{self.name}")
         if not done:
             self._overran(fn, timeout_s)
             raise RewardTimeout(f"took over {timeout_s} s")
@@ -194,7 +194,7 @@ class _Abandoned(BaseException):
     """Raised inside an abandoned reward thread, so that a spin in Python code ends there."""
 
 
-def _call_in_thread(fn: Callable, args: tuple, timeout_s: float, name: str) -> tuple[bool, Any]:
+def call_in_thread(fn: Callable, args: tuple, timeout_s: float, name: str) -> tuple[bool, Any]:
     """(True, fn(*args)) if it returns within `timeout_s` (its exception is raised here),
     else (False, None) with `_Abandoned` raised in the thread at its next Python bytecode."""
     lock = threading.Lock()

@@ -3,9 +3,11 @@ returns 10 MB or returns bytes, a malformed tool call, and an environment that f
 each an error observation or a 0 reward, counted, with one warning, and the run goes on; the same
 with `isolate=true`, where a hang kills the worker."""
 
+import threading
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from sparrow.tasks.env_guard import GuardedEnvFactory
 from sparrow.tasks.environment import EnvSpecError
@@ -26,6 +28,17 @@ def tools_env(request):
     factory = GuardedEnvFactory(TOOLS_ENV, TIMEOUT_S, CAP, isolate=request.param)
     yield factory
     factory.close()
+
+
+def _guarded(step, text: str):
+    """step(text), or a test failure if the environment guard lets it hang."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(step(text)), daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    if not result:
+        pytest.fail(f"the step hung past the hang guard ({HANG_GUARD_S} s)")
+    return result[0]
 
 
 def _warnings(caplog) -> list[str]:
@@ -80,7 +93,7 @@ def test_a_tool_that_hangs_ends_its_episode_with_reward_0_and_the_run_goes_on(
 ):
     env, other = tools_env(ROW), tools_env(ROW)
     env.reset(), other.reset()
-    observation = env.step(_call(tool))
+    observation = _guarded(env.step, _call(tool))
     assert observation.done and observation.reward == 0.0 and observation.messages == []
     assert tools_env.stats.timeouts == 1 and env.done
     assert env.step("391").done  # an ended episode stays ended
@@ -123,12 +136,12 @@ def test_an_environment_that_fails_scores_0_counted_and_warned_once(isolate, mod
         first = env.reset()
         if mode in ("factory", "reset"):  # the row's prompt, so that the episode has its turn
             assert first == [{"role": "user", "content": "the row's own question"}]
-        observation = env.step("an answer")
+        observation = _guarded(env.step, "an answer")
         assert observation.done and observation.reward == 0.0 and observation.messages == []
         assert getattr(factory.stats, counter) == 1, factory.stats
         assert said in factory.stats.last_error, factory.stats.last_error
         again = factory({"mode": mode, "prompt": "q"})  # a second fault: counted, not warned
-        again.reset(), again.step("x")
+        again.reset(), _guarded(again.step, "x")
         assert getattr(factory.stats, counter) == 2
         healthy = factory({"mode": "ok"})
         healthy.reset()
