@@ -52,7 +52,7 @@ def accept_drafts(
     accept_uniforms: Tensor,
     draw: Callable[[Tensor], int],
 ) -> Verdict:
-    """The speculative sampling rule for one sequence.
+    """The speculative sampling rule for one sequence (`accept_rounds` with one sequence).
 
     draft_probs (k, V): q at each drafted position; target_probs (k + 1, V): p at the same
     positions and one more; draft_tokens: the k tokens drawn from q; accept_uniforms (k,):
@@ -61,20 +61,61 @@ def accept_drafts(
     """
     k = len(draft_tokens)
     assert draft_probs.shape[0] == k and target_probs.shape[0] == k + 1, "k drafts, k + 1 targets"
-    if k:
-        ids = torch.tensor(draft_tokens, device=draft_probs.device)[:, None]  # (k, 1)
-        q = draft_probs.gather(1, ids)[:, 0]  # (k,)
-        p = target_probs[:k].gather(1, ids)[:, 0]  # (k,)
+
+    def draw_rows(weights: Tensor) -> Tensor:  # (1, V) -> (1,)
+        return torch.tensor([draw(weights[0])])
+
+    return accept_rounds(draft_probs, target_probs, [draft_tokens], accept_uniforms, draw_rows)[0]
+
+
+def accept_rounds(
+    draft_probs: Tensor,
+    target_probs: Tensor,
+    draft_tokens: list[list[int]],
+    accept_uniforms: Tensor,
+    draw_rows: Callable[[Tensor], Tensor],
+) -> list[Verdict]:
+    """The rule for a round of S sequences at once: two host reads in all, not a few per
+    sequence (each a device sync on a GPU).
+
+    draft_tokens[s]: sequence s's k_s drafts (k_s >= 0); draft_probs (sum k_s, V) and
+    accept_uniforms (sum k_s,) in that order; target_probs (sum (k_s + 1), V): p at each
+    sequence's drafted positions and one more; draw_rows(weights (S, V)) -> (S,) one token per
+    row of (unnormalised) weights: sequence s's residual max(0, p_j - q_j) at its first rejected
+    draft j, or its bonus row p_k when all k_s stand (p_j itself where the residual is all zero:
+    p == q at j, a rejection of probability 0 met through rounding).
+    """
+    device = target_probs.device
+    flat = [t for tokens in draft_tokens for t in tokens]
+    firsts, target_rows = [], []  # each sequence's first draft and first target row
+    for tokens in draft_tokens:
+        firsts.append(len(target_rows) - len(firsts))
+        target_rows += range(len(target_rows), len(target_rows) + len(tokens) + 1)
+    # Each draft's target row: its sequence's rows without the last (the bonus position).
+    drafted_rows = [r for s, tokens in enumerate(draft_tokens) for r in
+                    range(firsts[s] + s, firsts[s] + s + len(tokens))]  # fmt: skip
+    rejected: list[bool] = []
+    if flat:
+        ids = torch.tensor(flat, device=device)[:, None]  # (D, 1)
+        q = draft_probs.gather(1, ids)[:, 0]  # (D,)
+        p = target_probs[torch.tensor(drafted_rows, device=device)].gather(1, ids)[:, 0]  # (D,)
         rejected = (accept_uniforms * q >= p).tolist()  # q > 0 for a drawn token
-        j = rejected.index(True) if True in rejected else k
-    else:
-        j = 0
-    if j == k:  # all accepted: the bonus token, from p after the last draft
-        return Verdict(j, draw(target_probs[k]))
-    residual = (target_probs[j] - draft_probs[j]).clamp_(min=0.0)  # (V,)
-    if float(residual.sum()) <= 0.0:  # p == q at j: rejection had probability 0 (rounding)
-        residual = target_probs[j]
-    return Verdict(j, draw(residual))
+    accepted, at_target, at_draft = [], [], []
+    for s, tokens in enumerate(draft_tokens):
+        verdicts = rejected[firsts[s] : firsts[s] + len(tokens)]
+        j = verdicts.index(True) if True in verdicts else len(tokens)
+        accepted.append(j)
+        at_target.append(firsts[s] + s + j)  # p_j: the residual's or the bonus row
+        at_draft.append(firsts[s] + j if j < len(tokens) else -1)  # q_j, or none (bonus)
+    weights = target_probs[torch.tensor(at_target, device=device)]  # (S, V)
+    if any(d >= 0 for d in at_draft):
+        draft = torch.tensor([max(d, 0) for d in at_draft], device=device)
+        subtract = torch.tensor([d >= 0 for d in at_draft], device=device)[:, None]  # (S, 1)
+        residual = (weights - draft_probs[draft]).clamp_(min=0.0)  # (S, V)
+        usable = subtract & (residual.sum(-1, keepdim=True) > 0.0)  # (S, 1)
+        weights = torch.where(usable, residual, weights)
+    tokens = draw_rows(weights).tolist()  # (S,)
+    return [Verdict(j, int(t)) for j, t in zip(accepted, tokens, strict=True)]
 
 
 def draft_acceptance(draft_probs: Tensor, target_probs: Tensor) -> Tensor:

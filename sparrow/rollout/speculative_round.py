@@ -20,7 +20,7 @@ import torch
 from sparrow.rollout.block_manager import BlockManager
 from sparrow.rollout.sampler import Distributions, SamplerOutput
 from sparrow.rollout.sequence import Sequence
-from sparrow.rollout.speculative import accept_drafts, draft_acceptance
+from sparrow.rollout.speculative import accept_rounds, draft_acceptance
 
 
 @dataclass
@@ -53,7 +53,9 @@ def speculative_round(
     room = [s.max_tokens - b for s, b in zip(seqs, base, strict=True)]  # >= 1
     ends = set(params.stop_token_ids) | (set() if params.ignore_eos else set(engine.eos_token_ids))
     drafts: list[list[int]] = [[] for _ in seqs]
-    draft_probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+    step_probs: list[torch.Tensor] = []  # (B_step, V) q of each draft step's rows
+    draft_rows: list[list[int]] = [[] for _ in seqs]  # each draft's row among them all
+    num_rows = 0
     active = [i for i in range(len(seqs)) if min(k, room[i] - 1) > 0]
     start_s = time.perf_counter()
     while active:
@@ -61,43 +63,42 @@ def speculative_round(
         logits = engine.runner.decode(step, engine.budgets(step), tracked)  # (B, V)
         probs = Distributions(logits, params.temperature, params.top_p, params.top_k).probs()
         drawn = engine.sampler.draw_from(probs).tolist()
+        step_probs.append(probs)
         still = []
         for row, (i, token) in enumerate(zip(active, drawn, strict=True)):
             seqs[i].completion_ids.append(token)
-            drafts[i].append(token)
-            draft_probs[i].append(probs[row])
-            more = len(drafts[i]) < min(k, room[i] - 1) and token not in ends
             if not _has_page(seqs[i], bm):  # the draft's own slot, for the verify pass
                 seqs[i].completion_ids.pop()
-                drafts[i].pop()
-                draft_probs[i].pop()
-                more = False
-            if more:
+                continue
+            drafts[i].append(token)
+            draft_rows[i].append(num_rows + row)
+            if len(drafts[i]) < min(k, room[i] - 1) and token not in ends:
                 still.append(i)
+        num_rows += len(active)
         active = still
     drafted_s = time.perf_counter()
     logits = engine.runner.verify(seqs, [len(d) + 1 for d in drafts], tracked)  # (N, V)
     target = Distributions(logits, params.temperature, params.top_p, params.top_k).probs()
-    uniforms = engine.sampler.uniforms(sum(len(d) for d in drafts))  # on the logits' device
+    device = target.device
+    order = [r for rows in draft_rows for r in rows]  # drafts in sequence order
+    q = torch.cat(step_probs)[torch.tensor(order, device=device)] if order else target[:0]
+    uniforms = engine.sampler.uniforms(len(order))  # on the logits' device
+    verdicts = accept_rounds(q, target, drafts, uniforms, engine.sampler.draw_from)
     flat: list[Sequence] = []
     offsets: list[int] = []
     tokens: list[int] = []
     rows: list[int] = []
-    tested: list[torch.Tensor] = []
+    tested_q: list[int] = []  # rows of q and target the rule tested: drafts up to the first
+    tested_p: list[int] = []  # rejection, as the monitor's speculative acceptance reads them
+    lengths: list[int] = []
     start = used = 0
-    for seq, drafted, q, b in zip(seqs, drafts, draft_probs, base, strict=True):
+    for seq, drafted, verdict, b in zip(seqs, drafts, verdicts, base, strict=True):
         n = len(drafted)
-        verdict = accept_drafts(
-            torch.stack(q) if q else target[:0],
-            target[start : start + n + 1],
-            drafted,
-            uniforms[used : used + n],
-            lambda w: int(engine.sampler.draw_from(w[None])[0]),
-        )
         out = drafted[: verdict.num_accepted] + [verdict.next_token]
         m = min(verdict.num_accepted + 1, n)
-        q_m, p_m = (torch.stack(q[:m]), target[start : start + m]) if m else (target[:0],) * 2
-        tested.append(draft_acceptance(q_m, p_m))  # (m,) on the logits' device
+        tested_q += range(used, used + m)
+        tested_p += range(start, start + m)
+        lengths.append(m)
         flat += [seq] * len(out)
         offsets += range(len(out))
         tokens += out
@@ -108,10 +109,11 @@ def speculative_round(
     kept = logits[rows]  # (N, V)
     dense = Distributions(kept, params.temperature, params.top_p, params.top_k)
     sampled = engine.sampler.record(dense, torch.tensor(tokens, device=kept.device))
-    drafted_total = sum(len(d) for d in drafts)
+    drafted_total = len(order)
     accepted = len(tokens) - len(seqs)
-    lengths = [len(t) for t in tested]
-    tested = list(torch.cat(tested).cpu().split(lengths))  # one device-to-host copy
+    index = torch.tensor([tested_q, tested_p], dtype=torch.int64, device=device)  # (2, sum m)
+    overlap = draft_acceptance(q[index[0]], target[index[1]])  # (sum m,)
+    tested = list(overlap.cpu().split(lengths))  # one device-to-host copy
     verify_s = time.perf_counter() - drafted_s
     return SpeculativeStep(
         flat,
