@@ -29,6 +29,7 @@ SUBJECTS = {
     ("tasks/test_reward_edges.py", "TIMEOUT_S, N, SLEEP_S = (0.3, 60, 1.0)"): (
         "a batch's deadline under test (N x 0.3 s, the reward sleeping 1 s)"
     ),
+    ("tasks/test_env_guard.py", "TIMEOUT_S = 2.0"): "the environment step deadline under test",
 }
 
 
