@@ -91,17 +91,7 @@ class DenseActor:
             model = cast(PreTrainedModel, self.peft.base_model.model)  # LoRA layers injected
         if cfg.activation_checkpointing:
             checkpoint_decoder_layers(model.get_decoder())
-        decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-        groups = [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(
-            [g for g in groups if g["params"]],  # a LoRA adapter (actor.lora) has matrices only
-            lr=cfg.lr,
-            betas=(cfg.betas[0], cfg.betas[1]),  # a config list as AdamW's pair
-        )
+        optimizer = _adamw(model, cfg)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg))
         self.engine, _, _, _ = deepspeed.initialize(
             model=PolicyWithLogprobs(model, cfg.logprob_chunk_tokens, cfg.share_prefix),
@@ -131,11 +121,22 @@ class DenseActor:
             "gradient_accumulation_steps": 1,  # set per train_step to the micro-batch count
             # Stage 0 in fp32 clips in train_step (DeepSpeed would not report its norm).
             "gradient_clipping": 0.0 if self._checks_grads_itself() else self.cfg.grad_clip,
-            "zero_optimization": {"stage": self.cfg.zero_stage},
+            "zero_optimization": self._zero_config(),
             "bf16": {"enabled": self.bf16, "check_grad_overflow": True},
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
+
+    def _zero_config(self) -> dict[str, Any]:
+        """ZeRO's section: the stage, and ZeRO-Offload's host-RAM placements (pinned on a GPU,
+        for the asynchronous copies; the CPU accelerator has nothing to pin)."""
+        zero: dict[str, Any] = {"stage": self.cfg.zero_stage}
+        pin = torch.cuda.is_available()
+        if self.cfg.offload_optimizer == "cpu":
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+        if self.cfg.offload_params == "cpu":
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+        return zero
 
     def partition_frozen(self, policy: nn.Module) -> nn.Module:
         """A frozen module beside the actor (the KL reference), held as the actor's weights are:
@@ -444,6 +445,24 @@ class DenseActor:
                 if self.rank == 0:
                     self.peft.save_pretrained(str(Path(directory) / "adapter"))
         self.ranks.barrier()
+
+
+def _adamw(model: nn.Module, cfg: ActorConfig) -> torch.optim.Optimizer:
+    """AdamW, decay on matrices only. Under ZeRO-Offload it is DeepSpeed's CPUAdam (AdamW mode,
+    a JIT-built C++ op), the optimizer DeepSpeed's offload steps on the host; it refuses torch's."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]  # a LoRA adapter (actor.lora) has matrices only
+    betas = (cfg.betas[0], cfg.betas[1])  # a config list as AdamW's pair
+    if cfg.offload_optimizer == "cpu":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=betas, adamw_mode=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas)
 
 
 def parameter_buckets(

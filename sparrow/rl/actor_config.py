@@ -63,6 +63,10 @@ class ActorConfig:
     # micro_batch_size and splits a group whose rows do not fit: memory follows the budget.
     max_tokens_per_micro_batch: int = 0
     activation_checkpointing: bool = False  # keep layer inputs only, recompute layers in backward
+    # ZeRO-Offload (DeepSpeed's): cpu keeps the fp32 master weights, AdamW moments and gradient
+    # partition in host RAM and steps them with DeepSpeed's CPUAdam; needs zero_stage >= 1.
+    offload_optimizer: str = "none"  # none | cpu
+    offload_params: str = "none"  # none | cpu: ZeRO-3's weight partition in host RAM (zero_stage 3)
     warmup_steps: int = 0  # optimizer steps of linear LR warmup from 0
     lr_schedule: str = "constant"  # constant | cosine (decays to 0 at total_steps)
     total_steps: int = 1000  # optimizer steps of the whole run (cosine schedule length)
@@ -85,6 +89,19 @@ class ActorConfig:
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        for key in ("offload_optimizer", "offload_params"):
+            if getattr(self, key) not in ("none", "cpu"):
+                raise ValueError(f"actor.{key} must be none or cpu, got {getattr(self, key)!r}")
+        if self.offload_optimizer == "cpu" and self.zero_stage == 0:
+            raise ValueError(
+                "actor.offload_optimizer=cpu needs actor.zero_stage >= 1 (ZeRO-Offload moves the "
+                "partitioned optimizer state), got zero_stage=0"
+            )
+        if self.offload_params == "cpu" and self.zero_stage != 3:
+            raise ValueError(
+                "actor.offload_params=cpu needs actor.zero_stage=3 (only ZeRO-3 partitions the "
+                f"weights it moves), got zero_stage={self.zero_stage}"
+            )
         if self.lr < 0:
             raise ValueError(f"actor.lr must be >= 0, got {self.lr}")
         if self.micro_batch_size < 1:

@@ -212,12 +212,18 @@ class MemoryConfig:
     # The device's memory in GiB; null: measured (GPU: free device memory; CPU: host RAM
     # available to this process), or the H200's 139 GiB when a GPU config has no GPU (a dry run).
     device_gib: float | None = None
+    # A GPU run's host RAM in GiB, shared by the host's ranks, for what actor.offload_optimizer /
+    # offload_params move there; null: measured beside a GPU, a DGX's 2 TiB per 8 GPUs without.
+    host_gib: float | None = None
     headroom: float = 0.1  # share of the device the plan leaves free (allocator, runtime, caches)
     # Turn on actor.activation_checkpointing and lower actor.max_tokens_per_micro_batch until the
     # plan fits (knobs set on the command line stay as set); false: refuse a plan that does not.
+    # On a GPU it may also put the engine to sleep and offload the optimizer state (ZeRO >= 1).
     fit: bool = True
 
     def __post_init__(self):
+        if self.host_gib is not None and self.host_gib <= 0:
+            raise ValueError(f"memory.host_gib must be > 0, got {self.host_gib}")
         if not 0 <= self.headroom < 1 or (self.device_gib is not None and self.device_gib <= 0):
             raise ValueError(
                 f"memory.headroom must be in [0, 1) and memory.device_gib > 0, got "

@@ -38,12 +38,30 @@ def test_dry_run_plans_a_hub_model_offline_from_its_config(tmp_path):
 
 
 def test_dry_run_refuses_a_plan_over_the_device_naming_the_phase(tmp_path):
-    out = _train(tmp_path, "dry_run=true", "preset=qwen3_8b_gpu", "memory.device_gib=80")
+    # One rank: Qwen3-8B's weights, engine copy and optimizer state overfill 80 GB before any
+    # activation; with the offload kept off (set here, so not sized) the refusal names it.
+    out = _train(
+        tmp_path, "dry_run=true", "preset=qwen3_8b_gpu", "memory.device_gib=80",
+        "actor.offload_optimizer=none",
+    )  # fmt: skip
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert "memory plan does not fit: resident needs" in lines[0]
     assert "memory.device_gib 80.0 GiB" in lines[0] and "actor.zero_stage" in lines[0]
+    assert "set actor.offload_optimizer=cpu" in lines[0]
+
+
+def test_dry_run_refuses_offloaded_state_over_the_host_ram(tmp_path):
+    out = _train(
+        tmp_path, "dry_run=true", "preset=qwen3_8b_gpu", "memory.device_gib=80",
+        "memory.host_gib=64", "actor.offload_optimizer=cpu",
+    )  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "memory plan does not fit the host: ZeRO-Offload holds 122.1 GiB" in lines[0]
+    assert "actor.offload_optimizer=none" in lines[0]
 
 
 def test_a_run_over_the_device_stops_before_its_first_rollout(tmp_path):

@@ -8,7 +8,10 @@ may change so that the plan fits, or a one-line refusal naming the phase and the
 Only knobs that change memory and not the run's result are sized, in this order: the engine's
 sleep through the actor phases (rollout.engine.sleep=kv: its KV pool freed and rebuilt empty,
 generations bit-equal), the actor's activation checkpointing (recomputes layers in backward),
-the engine's weight copy freed too (sleep=weights: pushed again at the sync) and the actor's
+the engine's weight copy freed too (sleep=weights: pushed again at the sync), on a GPU
+ZeRO-Offload (actor.offload_optimizer=cpu, then under ZeRO-3 offload_params=cpu: DeepSpeed's
+CPUAdam steps the state in host RAM, equal to torch's AdamW to rounding, while host RAM holds it;
+first when the optimizer state alone overfills the engine's phases) and the actor's
 token budget per micro-batch (the GRPO loss is a sum over tokens, however the batch is cut). A
 knob the user set on the command line (`pinned`) stays as set. Everything else (KV pool, prefill
 size, ZeRO stage, ranks) changes what runs or where, and is named in the refusal instead.
@@ -19,12 +22,15 @@ from dataclasses import dataclass, replace
 
 from sparrow.models.shape import ModelShape
 from sparrow.train.config import MemoryConfig, SparrowConfig
+from sparrow.train.memory.offload import host_memory
 from sparrow.train.memory.plan import GiB, MemoryPlan, plan_memory
 
 H200_BYTES = 139 * GiB
 CHECKPOINTING = "actor.activation_checkpointing"
 TOKEN_BUDGET = "actor.max_tokens_per_micro_batch"
 SLEEP = "rollout.engine.sleep"
+OFFLOAD_OPTIMIZER = "actor.offload_optimizer"
+OFFLOAD_PARAMS = "actor.offload_params"
 _ACTOR_PHASES = ("actor log-probs", "actor step")  # what the sized knobs change
 _BUDGET_STEP = 256  # a sized token budget is a multiple of this
 
@@ -44,10 +50,16 @@ class DeviceMemory:
     name: str  # where the figure comes from, for the plan line
     headroom: float
     runtime: int = 0  # CPU: this process's resident size when measured, which the plan counts
+    host: int = 0  # GPU: host RAM this rank may fill with offloaded state (offload.py)
+    host_name: str = ""  # where that figure comes from
 
     @property
     def usable(self) -> int:
         return int(self.bytes * (1 - self.headroom))
+
+    @property
+    def host_usable(self) -> int:
+        return int(self.host * (1 - self.headroom))
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,11 @@ class Fitted:
             text += (
                 f"; the engine sleeps through the actor phases ({SLEEP}={self.plan.sleep}, "
                 f"{self.plan.asleep / GiB:.1f} GiB freed)"
+            )
+        if self.plan.host_offload:
+            text += (
+                f"; ZeRO-Offload holds {self.plan.host_offload / GiB:.1f} GiB in host RAM of "
+                f"{self.device.host_usable / GiB:.1f} GiB usable ({self.device.host_name})"
             )
         if self.changes:
             text += "; sized to fit: " + ", ".join(self.changes)
@@ -107,7 +124,8 @@ def rank_device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
     is not in the plan: on one CPU host memory.headroom must leave room for it."""
     device = device_memory(cfg, on_gpu)
     if on_gpu:
-        return device
+        host, host_name = host_memory(cfg, on_gpu)
+        return replace(device, host=host, host_name=host_name)
     local = int(os.environ.get("SPARROW_LOCAL_TRAINERS", os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return replace(device, bytes=device.bytes // local // GiB * GiB)
 
@@ -135,15 +153,18 @@ def fit_memory(
     configured = current.peak_phase()
     changes: list[str] = []
     if _peak(current) <= usable:
-        return Fitted(cfg, current, device, ())
+        return Fitted(cfg, _host_fits(current, device, cfg), device, ())
     free = cfg.memory.fit
     if free and _may_sleep(cfg, pinned, "off"):
         cfg, current = _sleep(cfg, "kv"), plan(_sleep(cfg, "kv"))
         changes.append(f"{SLEEP}=kv")
+    # The optimizer state is in every phase: offloaded first when the engine's do not fit.
+    if free and any(p > usable for n, p in current.phases.items() if n not in _ACTOR_PHASES):
+        cfg, current = _offload(cfg, plan, pinned, device, changes)
     # What the actor knobs cannot shrink must fit first: the engine's phases.
     for name, peak in current.phases.items():
         if name not in _ACTOR_PHASES and peak > usable:
-            knob = _engine_knob(name, current, cfg, world)
+            knob = _engine_knob(name, current, cfg, world, bool(device.host))
             raise MemoryRefused(_refusal(name, peak, device, knob), current)
     checkpointed = cfg.actor.activation_checkpointing
     if _peak(current) > usable and free and CHECKPOINTING not in pinned and not checkpointed:
@@ -155,6 +176,8 @@ def fit_memory(
         if weights.asleep > current.asleep:  # else an engine pass keeps the copy (plan.py)
             cfg, current = _sleep(cfg, "weights"), weights
             changes = [c for c in changes if not c.startswith(SLEEP)] + [f"{SLEEP}=weights"]
+    if _peak(current) > usable and free:
+        cfg, current = _offload(cfg, plan, pinned, device, changes)
     if _peak(current) > usable and free and TOKEN_BUDGET not in pinned:
         budget = _largest_budget(cfg, plan, usable)
         if budget is None:  # not even the longest row alone: the refusal names the lengths
@@ -164,9 +187,15 @@ def fit_memory(
         current = plan(cfg)
     if _peak(current) > usable:
         name, peak = current.peak_phase()
-        knob = _actor_knob(cfg, current, pinned, _longest_row(cfg, plan))
+        knob = _actor_knob(cfg, current, pinned, _longest_row(cfg, plan), bool(device.host))
         raise MemoryRefused(_refusal(name, peak, device, knob), current)
-    return Fitted(cfg, current, device, tuple(changes), configured if changes else None)
+    return Fitted(
+        cfg,
+        _host_fits(current, device, cfg),
+        device,
+        tuple(changes),
+        configured if changes else None,
+    )
 
 
 def _may_sleep(cfg: SparrowConfig, pinned: frozenset[str], level: str) -> bool:
@@ -179,6 +208,45 @@ def _may_sleep(cfg: SparrowConfig, pinned: frozenset[str], level: str) -> bool:
 def _sleep(cfg: SparrowConfig, level: str) -> SparrowConfig:
     engine = replace(cfg.rollout.engine, sleep=level)
     return replace(cfg, rollout=replace(cfg.rollout, engine=engine))
+
+
+def _offload(
+    cfg: SparrowConfig, plan, pinned: frozenset[str], device: DeviceMemory, changes: list[str]
+) -> tuple[SparrowConfig, MemoryPlan]:
+    """The fit's ZeRO-Offload step, on a GPU (device.host): the optimizer state to host RAM
+    (ZeRO >= 1), then under ZeRO-3 the weights, each while the plan does not fit, unless set
+    already, pinned, of no help (a small model's gathered layers can outweigh its ZeRO-3
+    partition) or more than host RAM holds. Appends what it turns on to `changes`."""
+    current = plan(cfg)
+    for key, name, stage in ((OFFLOAD_OPTIMIZER, "offload_optimizer", 1),
+                             (OFFLOAD_PARAMS, "offload_params", 3)):  # fmt: skip
+        done = getattr(cfg.actor, name) != "none" or key in pinned or cfg.actor.zero_stage < stage
+        if done or not device.host or _peak(current) <= device.usable:
+            continue
+        trial = replace(cfg, actor=replace(cfg.actor, **{name: "cpu"}))
+        offloaded = plan(trial)
+        if offloaded.host_offload <= device.host_usable and _peak(offloaded) < _peak(current):
+            cfg, current = trial, offloaded
+            changes.append(f"{key}=cpu")
+    return cfg, current
+
+
+def _host_fits(plan: MemoryPlan, device: DeviceMemory, cfg: SparrowConfig) -> MemoryPlan:
+    """`plan`, or MemoryRefused when the state it offloads overfills host RAM."""
+    if plan.host_offload > device.host_usable:  # 0 on CPU, where the host is the device
+        raise MemoryRefused(
+            f"memory plan does not fit the host: ZeRO-Offload holds "
+            f"{plan.host_offload / GiB:.1f} GiB in host RAM of {device.host_usable / GiB:.1f} GiB "
+            f"usable ({device.host_name}, {device.headroom:.0%} kept free): set "
+            f"{_offloaded_keys(cfg)}, raise memory.host_gib if the host has more, or add ranks",
+            plan,
+        )
+    return plan
+
+
+def _offloaded_keys(cfg: SparrowConfig) -> str:
+    keys = [OFFLOAD_OPTIMIZER] + ([OFFLOAD_PARAMS] if cfg.actor.offload_params == "cpu" else [])
+    return " or ".join(f"{k}=none" for k in reversed(keys))
 
 
 def _longest_row(cfg: SparrowConfig, plan) -> int:
@@ -220,7 +288,7 @@ def _refusal(phase: str, peak: int, device: DeviceMemory, knob: str) -> str:
     )
 
 
-def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int) -> str:
+def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int, gpu: bool) -> str:
     eng = cfg.rollout.engine
     if phase == "prefill peak":
         return (
@@ -250,19 +318,25 @@ def _engine_knob(phase: str, plan: MemoryPlan, cfg: SparrowConfig, world: int) -
             f"lower rollout.engine.num_pages={eng.num_pages} (KV pool and page summaries "
             f"{(plan.kv_pool + plan.page_summaries) / GiB:.1f} GiB)"
         )
+    offload = gpu and cfg.actor.offload_optimizer == "none" and cfg.actor.zero_stage >= 1
     return (
-        f"raise actor.zero_stage={cfg.actor.zero_stage} or the ranks ({world}), or use a smaller "
+        (f"set {OFFLOAD_OPTIMIZER}=cpu, " if offload else "")
+        + f"raise actor.zero_stage={cfg.actor.zero_stage} or the ranks ({world}), or use a smaller "
         f"model (weights and optimizer state {weights / GiB:.1f} GiB)"
     )
 
 
-def _actor_knob(cfg: SparrowConfig, plan: MemoryPlan, pinned: frozenset[str], row: int) -> str:
+def _actor_knob(
+    cfg: SparrowConfig, plan: MemoryPlan, pinned: frozenset[str], row: int, gpu: bool
+) -> str:
     advice = []
     deeper = {"off": "kv", "kv": "weights"}.get(cfg.rollout.engine.sleep)
     if deeper:
         advice.append(f"set {SLEEP}={deeper}")
     if not cfg.actor.activation_checkpointing:
         advice.append(f"set {CHECKPOINTING}=true")
+    if gpu and cfg.actor.offload_optimizer == "none" and cfg.actor.zero_stage >= 1:
+        advice.append(f"set {OFFLOAD_OPTIMIZER}=cpu")
     if plan.actor_tokens > row:
         advice.append(f"lower {TOKEN_BUDGET} (plans {plan.actor_tokens} tokens per micro-batch)")
     else:
@@ -275,7 +349,7 @@ def _actor_knob(cfg: SparrowConfig, plan: MemoryPlan, pinned: frozenset[str], ro
     text = " or ".join(advice)
     if not cfg.memory.fit:
         text += ", or let memory.fit=true size them"
-    elif pinned & {CHECKPOINTING, TOKEN_BUDGET, SLEEP}:
+    elif pinned & {CHECKPOINTING, TOKEN_BUDGET, SLEEP, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS}:
         text += " (set on the command line, so not sized)"
     return text
 

@@ -48,7 +48,9 @@ them all. Two terms count it:
 
 Sizes per value: weights and gradients in the model's dtype; AdamW's m and v in fp32, plus an fp32
 master copy when the actor trains in bf16; ZeRO stage >= 1 partitions optimizer state over the
-ranks, >= 2 also gradients, 3 also weights. Activation sizes are a sketch (docstrings below);
+ranks, >= 2 also gradients, 3 also weights; on a GPU, ZeRO-Offload (actor.offload_optimizer,
+offload_params) moves the optimizer state (and the weights) to host RAM (offload.py), counted in
+`host_offload` apart from the phases. Activation sizes are a sketch (docstrings below);
 tests/train/memory/test_plan.py checks them against the GPU rehearsal's live bytes at Qwen3-1.7B,
 tests/train/memory/test_measured_peaks.py the CPU plan against both README commands' peak RSS.
 """
@@ -68,6 +70,7 @@ from sparrow.train.memory.actor_passes import (
     step_cache_copies,
 )
 from sparrow.train.memory.adapter import adapter_memory
+from sparrow.train.memory.offload import offload_memory
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -118,6 +121,7 @@ class MemoryPlan:
     distill_rows: int = 0  # rows of the distill micro-batch planned
     asleep: int = 0  # rollout.engine.sleep: what the engine frees through the actor phases
     sleep: str = "off"  # rollout.engine.sleep, for the table
+    host_offload: int = 0  # actor.offload_*: the state ZeRO-Offload holds in host RAM (GPU)
 
     @property
     def engine_resident(self) -> int:
@@ -183,6 +187,8 @@ class MemoryPlan:
                       ("distill adapter + AdamW", self.adapter_state)]  # fmt: skip
         if self.asleep:
             parts.append((f"engine asleep ({self.sleep})", -self.asleep))
+        if self.host_offload:  # not on the device: checked against host RAM (fit.py)
+            parts.append(("offloaded to host RAM", self.host_offload))
         lines = [f"memory plan ({device_name}: {device_bytes / GiB:.1f} GiB)", "  parts:"]
         lines += [f"    {name:<26} {value / GiB:8.2f} GiB" for name, value in parts]
         held = "resident: engine resident + optimizer state"
@@ -251,6 +257,7 @@ def plan_memory(
     engine_bytes = _DTYPE_BYTES[eng.dtype]
     bf16 = actor.precision == "bf16" or (actor.precision == "auto" and on_gpu)
     actor_weights, optimizer, gradients = _actor_state_bytes(cfg, params, world, bf16)
+    offload = offload_memory(cfg, params, on_gpu, bf16, actor_weights, optimizer, gradients)
     triton = on_gpu and eng.backend in ("auto", "triton")
     kv_pool, page_summaries, dense_copies = _engine_cache_bytes(cfg, shape, engine_bytes, triton)
     prompt = cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt
@@ -268,10 +275,11 @@ def plan_memory(
     checkpointing, chunk = actor.activation_checkpointing, actor.logprob_chunk_tokens
     adapter = adapter_memory(cfg, shape, params, world, longest_prompt, common_prefix)
     return MemoryPlan(
-        actor_weights=actor_weights,
+        actor_weights=offload.weights,
         engine_weights=params * engine_bytes,
-        optimizer=optimizer,
-        gradients=gradients,
+        optimizer=offload.optimizer,
+        gradients=offload.gradients,
+        host_offload=offload.host,
         kv_pool=kv_pool,
         page_summaries=page_summaries,
         dense_copies=dense_copies,
