@@ -70,7 +70,8 @@ class ThroughputController:
         tokens: dict[int, int] = {}
         for s in stats:
             if s.stats.count >= self.cfg.min_tokens:
-                self.measured[(s.stats.bin_index, s.budget_pages)] = s.stats.mean
+                # An acceptance: a mean over rounded fp32 sums may pass 1 by an ulp.
+                self.measured[(s.stats.bin_index, s.budget_pages)] = min(1.0, s.stats.mean)
                 tokens[s.stats.bin_index] = tokens.get(s.stats.bin_index, 0) + s.stats.count
         if not tokens:
             self.last_actions = ("empty",) * self.schedule.num_bins

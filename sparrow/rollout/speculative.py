@@ -121,5 +121,6 @@ def accept_rounds(
 def draft_acceptance(draft_probs: Tensor, target_probs: Tensor) -> Tensor:
     """(n,) sum_v min(p(v), q(v)) at n drafted positions, draft_probs q and target_probs p
     (n, V) the processed distributions the rule compares: each draft's acceptance probability
-    (1 - TV(p, q)), the quantity E[tokens per round] = (1 - a^(k+1)) / (1 - a) is built on."""
-    return torch.minimum(draft_probs, target_probs).sum(-1)  # (n,)
+    (1 - TV(p, q)), the quantity E[tokens per round] = (1 - a^(k+1)) / (1 - a) is built on.
+    Clamped at 1: two equal fp32 distributions sum to 1 + rounding."""
+    return torch.minimum(draft_probs, target_probs).sum(-1).clamp_(max=1.0)  # (n,)

@@ -89,6 +89,14 @@ def test_budgets_stay_monotone_and_sparse_bins_are_left_alone():
     assert c.last_actions == ("move", "hold+lifted", "empty+lifted")
 
 
+def test_an_acceptance_rounded_past_one_is_one():
+    """Dense drafts (budget past every page) measure 1 + an fp32 ulp: the controller reads 1
+    (the tiny preset's run stopped on `acceptance must be in [0, 1]` before)."""
+    c = controller([8])
+    c.update([seen(0, 8, 1.0000000149011612)])
+    assert c.measured[(0, 8)] == 1.0
+
+
 def test_fixed_mode_moves_k_alone():
     c = controller([8], move=False)
     c.update([seen(0, 8, 0.8)])
