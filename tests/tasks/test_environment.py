@@ -7,11 +7,13 @@ On a template that strips earlier `<think>` blocks, re-rendering the history wou
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from chat_templates import qwen_think_tokenizer
 
 from sparrow.models.loading import tiny_tokenizer
+from sparrow.tasks.env_guard import GuardedEnvFactory
 from sparrow.tasks.environment import (
     BUILTIN_ENVS,
     EnvSpecError,
@@ -24,6 +26,7 @@ from sparrow.tasks.environment import (
 )
 from sparrow.tasks.envs.calculator import SCHEMA
 
+ROOT = Path(__file__).resolve().parents[2]
 TURN_1 = (
     "<think>\nI should use the tool.\n</think>\n\n"
     '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n</tool_call>'
@@ -159,3 +162,17 @@ def test_an_unusable_env_function_is_one_line_naming_the_setting(case, tmp_path,
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"env.function={spec!r}"), message
     assert expected in message, message
+
+
+def test_the_guides_example_environment_plays_an_episode(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    factory = GuardedEnvFactory("examples/guess_env.py:make_env", 5.0, 1000)
+    env = factory({"prompt": "What is 7 + 34? Answer with just the number.", "answer": "41"})
+    assert env.tools == [] and env.reset()[0]["content"].startswith("What is 7 + 34?")
+    first = env.step("It is 40.")
+    assert (
+        first.messages == [{"role": "user", "content": "Not 40: the answer is higher. Try again."}]
+        and not first.done
+    )
+    assert env.step("Then 41.").reward == 0.5 and env.done
+    assert factory.stats.errors == 0
