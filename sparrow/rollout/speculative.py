@@ -87,7 +87,8 @@ def accept_rounds(
     """
     device = target_probs.device
     flat = [t for tokens in draft_tokens for t in tokens]
-    firsts, target_rows = [], []  # each sequence's first draft and first target row
+    firsts: list[int] = []  # each sequence's first draft
+    target_rows: list[int] = []  # each sequence's target rows, in order
     for tokens in draft_tokens:
         firsts.append(len(target_rows) - len(firsts))
         target_rows += range(len(target_rows), len(target_rows) + len(tokens) + 1)
