@@ -114,7 +114,7 @@ def _load_adapter(path: Path, dtype: str) -> LoadedModel:
         raise ModelUnreadable(
             f"{path}: the LoRA adapter cannot be read ({why}); export it again"
         ) from err
-    return LoadedModel(merged.eval(), loaded.tokenizer)  # type: ignore[arg-type]
+    return LoadedModel(merged.eval(), loaded.tokenizer)
 
 
 def cache_root(cache_dir: str | None = None) -> Path:

@@ -317,21 +317,28 @@ class DecoderModel:
             d = None if lora is None else lora[i]
             p = None if self.policy_lora is None else self.policy_lora[i]
             x, h = self._add_norm(x, mlp_out, w.input_norm)
-            qkv = self._project(h, w.qkv, w.qkv_bias, d.qkv if d else None, lora_gate, p and p.qkv)
+            qkv = self._project(
+                h, w.qkv, w.qkv_bias, d.qkv if d else None, lora_gate, p.qkv if p else None
+            )
             qkv = qkv.view(n, -1, s.head_dim)  # (N, H_q + 2 H_kv, D)
             qk, v = qkv[:, :num_qk_heads], qkv[:, num_qk_heads:]  # (N, H_q + H_kv, D), (N, H_kv, D)
             qk = self._qk_norm_rope(qk, w.qk_norm, cos, sin)  # q and k heads together
             q, k = qk[:, : s.num_q_heads], qk[:, s.num_q_heads :]  # (N, H_q, D), (N, H_kv, D)
             o = attend(i, q, k, v)  # (N, H_q, D)
             attn_out = self._project(
-                o.reshape(n, -1), w.o, w.o_bias, d.o if d else None, lora_gate, p and p.o
+                o.reshape(n, -1), w.o, w.o_bias, d.o if d else None, lora_gate, p.o if p else None
             )
             x, h = self._add_norm(x, attn_out, w.post_norm)
             gate_up = self._project(
-                h, w.gate_up, None, d.gate_up if d else None, lora_gate, p and p.gate_up
+                h, w.gate_up, None, d.gate_up if d else None, lora_gate, p.gate_up if p else None
             )  # (N, 2 I)
             mlp_out = self._project(
-                self._swiglu(gate_up), w.down, None, d.down if d else None, lora_gate, p and p.down
+                self._swiglu(gate_up),
+                w.down,
+                None,
+                d.down if d else None,
+                lora_gate,
+                p.down if p else None,
             )
         assert mlp_out is not None, "a model has at least one layer"
         return x + mlp_out

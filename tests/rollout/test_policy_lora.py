@@ -5,7 +5,8 @@ adds on top at sparse decode steps; updates land in place (captured graphs stay 
 wire the adapter arrives as `<module>.lora_A/B` tensors.
 
 Tolerance: the engine's (1e-4 in log-prob or logit, as against HF in test_engine.py): unmerged
-and merged differ by float reassociation only (measured max 2.4e-6 here).
+and merged differ by float reassociation only (measured here: max 3.6e-5 in logit on the lively
+Llama, whose logits are large; 9.5e-7 in log-prob against the peft model itself).
 """
 
 import copy
@@ -95,12 +96,10 @@ def test_the_engine_equals_the_peft_model_it_came_from(tiny_qwen3):
     for p, c, logits in zip(prompts, completions, scored, strict=True):
         with torch.no_grad():
             hf = peft(torch.tensor([p + c])).logits[0, len(p) - 1 : -1].float()  # (T, V)
+            base = lm.model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1]
         ours, theirs = logits.log_softmax(-1), hf.log_softmax(-1)
         assert float((ours - theirs).abs().max()) <= TOL
-        assert (
-            float((hf - lm.model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1]).abs().max())
-            > 1e-2
-        )
+        assert float((hf - base).abs().max()) > 1e-2  # the adapter is not a no-op
 
 
 def test_with_distill_sparse_the_two_deltas_add_at_sparse_steps(lively_llama):
