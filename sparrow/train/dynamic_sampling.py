@@ -35,7 +35,7 @@ from sparrow.distributed import Ranks
 from sparrow.monitor.rollout_plan import RolloutPlan
 from sparrow.rl.batch import RolloutBatch
 from sparrow.rollout.outputs import GenerateStats
-from sparrow.tasks.rewards import BatchScores, RewardStats
+from sparrow.tasks.rewards import BatchScores
 from sparrow.train.config import DynamicSamplingConfig
 
 # What a step with dynamic sampling logs (the dashboard's dynamic_sampling panel reads them).
@@ -257,7 +257,7 @@ def assemble(groups: list[Group], rounds: list[Round], collate: Collate) -> Roun
     group_size = len(groups[0].outputs)
     plan = RolloutPlan(int(floor.sum()) // group_size, floor, schedules, logit_rows)
     stats = _sum_dataclass([r.rollout.stats for r in rounds])
-    reward_stats = RewardStats()
+    reward_stats = type(rounds[0].scores.stats)()  # episodes' keep their env/* counts too
     for rnd in rounds:
         reward_stats.add(rnd.scores.stats)
     scores = BatchScores(

@@ -116,6 +116,10 @@ def test_the_actor_trains_exactly_the_sampled_episodes_with_observations_masked(
         assert row["episode/observation_tokens_mean"] == pytest.approx(obs)
         assert row["episode/model_tokens_mean"] == pytest.approx(row["len/completion_mean"])
         assert row["episode/tool_calls"] == sum(o.episode.tool_calls for o in outputs)
+        # The guard's counts of this draw's environments: one per episode, one step per turn.
+        assert row["env/episodes"] == len(outputs)
+        assert row["env/steps"] == sum(o.episode.turns for o in outputs)
+        assert row["env/errors"] == row["env/timeouts"] == 0.0
 
 
 def test_sparrow_train_tiny_calculator_runs_on_cpu_and_sparrow_eval_scores_episodes(tmp_path):
@@ -162,6 +166,8 @@ def test_dynamic_sampling_draws_rounds_of_episodes(tmp_path):
             mask = mb["completion_mask"]
             assert int(mask.sum()) < int(mb["attention_mask"].sum() - mb["prompt_lens"].sum())
     assert all(r["episode/turns_mean"] > 1 for r in rows)
+    # Every round's environments are counted, not only the kept rounds'.
+    assert [r["env/episodes"] for r in rows] == [8.0 * r["sampling/rounds"] for r in rows]
 
 
 def test_async_staleness_one_runs_episodes_in_the_producer_thread(tmp_path):

@@ -14,7 +14,9 @@ the rollout runs: in the trainer's process, its rollout thread (rl.async.stalene
 rollout rank (cluster.rollout_ranks), whichever draws.
 """
 
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +26,23 @@ from sparrow.tasks.env_guard import GuardedEnvFactory
 from sparrow.tasks.environment import capped_observation_ids, first_prompt_ids
 from sparrow.tasks.rewards import BatchScores, RewardStats
 from sparrow.train.config import EnvConfig
+
+
+@dataclass
+class EpisodeRewardStats(RewardStats):
+    """The episodes' reward counts plus what their environments' guard counted while they ran
+    (env/errors, env/timeouts, env/non_text, env/cut, env/steps, env/episodes): the step's
+    metrics sum them over ranks, wherever the environments ran."""
+
+    env: dict[str, float] = field(default_factory=dict)
+
+    def add(self, other: RewardStats) -> None:
+        super().add(other)
+        for key, value in getattr(other, "env", {}).items():
+            self.env[key] = self.env.get(key, 0.0) + value
+
+    def as_metrics(self) -> dict[str, float]:
+        return super().as_metrics() | self.env
 
 
 class Episodes:
@@ -39,6 +58,7 @@ class Episodes:
             max_observation_chars=cfg.max_observation_chars,
             isolate=cfg.isolate,
         )
+        self._counted: dict[int, dict[str, float]] = {}  # per thread: its last call's env/*
 
     def generate(self, prompts: Sequence, params, n: int = 1, **engine_kwargs) -> list:
         """n episodes per prompt row (tasks/data.py Prompt), prompt-major as the engine's
@@ -60,9 +80,13 @@ class Episodes:
         def observe(messages: list[dict], max_tokens: int) -> tuple[list[int], int]:
             return capped_observation_ids(self.tokenizer, messages, max_tokens)
 
-        return run_episodes(
+        before = self.factory.stats.as_metrics()
+        outputs = run_episodes(
             self.engine, prompt_ids, envs, observe, params, limits, n=n, **engine_kwargs
         )
+        after = self.factory.stats.as_metrics()
+        self._counted[threading.get_ident()] = {k: after[k] - before[k] for k in after}
+        return outputs
 
     def context_tokens(self, prompt_ids: list[list[int]]) -> int:
         """The episodes' context limit: env.max_context_tokens (or its default from the longest
@@ -72,12 +96,13 @@ class Episodes:
         positions = getattr(self.engine.model_config, "max_position_embeddings", None) or limit
         return min(limit, ecfg.num_pages * ecfg.page_size, positions)
 
-    @staticmethod
-    def scores(outputs: Sequence) -> BatchScores:
-        """Each episode's reward (the sum of its turns'), as the reward's BatchScores; the
-        environment's faults are the factory's counts (env/*), not the reward's."""
+    def scores(self, outputs: Sequence) -> BatchScores:
+        """Each episode's reward (the sum of its turns'), as the reward's BatchScores; its
+        stats carry the guard's env/* counts of this thread's last `generate` (these outputs')."""
         scores = torch.tensor([o.episode.reward for o in outputs], dtype=torch.float32)  # (N,)
-        return BatchScores(scores, [{} for _ in outputs], RewardStats(calls=len(outputs)))
+        env = self._counted.pop(threading.get_ident(), {})
+        stats = EpisodeRewardStats(calls=len(outputs), env=env)
+        return BatchScores(scores, [{} for _ in outputs], stats)
 
     def close(self) -> None:
         self.factory.close()
