@@ -63,6 +63,7 @@ class Episodes:
     def generate(self, prompts: Sequence, params, n: int = 1, **engine_kwargs) -> list:
         """n episodes per prompt row (tasks/data.py Prompt), prompt-major as the engine's
         `generate`; `engine_kwargs`: its schedules, logits_rows and seed."""
+        before = self.factory.stats.as_metrics()
         envs = [self.factory(p.row) for p in prompts for _ in range(n)]
         first = [first_prompt_ids(self.tokenizer, env.reset(), env.tools) for env in envs]
         prompt_ids = first[::n]
@@ -80,7 +81,6 @@ class Episodes:
         def observe(messages: list[dict], max_tokens: int) -> tuple[list[int], int]:
             return capped_observation_ids(self.tokenizer, messages, max_tokens)
 
-        before = self.factory.stats.as_metrics()
         outputs = run_episodes(
             self.engine, prompt_ids, envs, observe, params, limits, n=n, **engine_kwargs
         )
