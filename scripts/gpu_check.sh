@@ -105,6 +105,26 @@ fi
 WORK="$(mktemp -d)"  # the parts' own JSON, folded into the bundle: not under $OUT
 trap 'rm -rf "$WORK"' EXIT
 echo "$PROBED" | tee "$LOG"
+# device: begin (tests/test_gpu_check_device.py runs this block with a fake nvidia-smi)
+# The device's kind and memory (nvidia-smi, else torch): the step stages plan for this device, an
+# 80 GB GPU (H100, A100-80G) with the README's 80 GB plans, an H200 with 139 GiB, another with
+# its own total; the expected times (written for an H200's 4.8 TB/s) scale by the HBM bandwidth.
+DEVICE="$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits -i 0 2>/dev/null \
+    || "$PY" -c 'import torch; p = torch.cuda.get_device_properties(0)
+print(f"{p.name}, {p.total_memory // 2**20}")' 2>/dev/null || echo "unknown, 0")"
+DEVICE_NAME="${DEVICE%%,*}"
+DEVICE_MIB="$(echo "${DEVICE##*,}" | tr -dc 0-9)"
+DEVICE_GIB=$(( ${DEVICE_MIB:-0} / 1024 ))
+case "$DEVICE_NAME" in
+    *H200*) PLAN_GIB=139; SLOWER_PCT=100 ;;
+    *H100*|*H800*) PLAN_GIB=80; SLOWER_PCT=140 ;;
+    *A100*) PLAN_GIB=$(( DEVICE_GIB > 60 ? 80 : 40 )); SLOWER_PCT=240 ;;
+    *) PLAN_GIB=$DEVICE_GIB; SLOWER_PCT=140 ;;
+esac
+[ "$PLAN_GIB" -gt 0 ] || PLAN_GIB=80  # unread (a CPU rehearsal): the smaller, usual GPU
+# device: end
+echo "device: $DEVICE_NAME, ${DEVICE_GIB} GiB: memory plans for ${PLAN_GIB} GiB, step times" \
+    "expected ${SLOWER_PCT}% of an H200's" | tee -a "$LOG"
 
 status=0
 # skip NAME CAP_S EXPECTED_S REASON [optional]: the part does not run; the bundle and the log say
@@ -215,7 +235,7 @@ step|distill)
     PROMPTS="${STEP_PROMPTS:-2}"
     GROUP="${STEP_GROUP:-8}"
     run_step() {  # run_step NAME NEW_TOKENS EXPECTED_S [extra overrides...]
-        local name="$1" tokens="$2" expected="$3"
+        local name="$1" tokens="$2" expected=$(( $3 * SLOWER_PCT / 100 ))
         shift 3
         local cap=$(( BUDGET - SECONDS - KILL_GRACE_S - FINISH_S ))
         if [ "$cap" -lt $(( expected * 2 / 3 )) ]; then
@@ -231,7 +251,8 @@ step|distill)
             --json "$WORK/$name.json" preset="${STEP_PRESET:-qwen3_1p7b_gpu}" data=arithmetic \
             data.tasks.num_examples=64 data.tasks.num_heldout=8 rollout.progress=false \
             rollout.max_new_tokens="$tokens" rollout.engine.num_pages="$pages" \
-            rl.prompts_per_step="$PROMPTS" rl.group_size="$GROUP" "$@"
+            rl.prompts_per_step="$PROMPTS" rl.group_size="$GROUP" \
+            memory.device_gib="$PLAN_GIB" "$@"
     }
     if [ "$STAGE" = distill ]; then
         # The step plus the adapter's sparse forward/backward over the rollout, ~1.5x the step,
