@@ -15,6 +15,7 @@ from sparrow.rl.batch import RolloutBatch
 from sparrow.tasks.rewards import BatchScores, GuardedReward
 from sparrow.train.config import SparrowConfig
 from sparrow.train.memory.plan import actor_micro_batch_tokens
+from sparrow.train.rollouts.episodes import episode_metrics
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def rollout_metrics(batch: RolloutBatch, scores: BatchScores, outputs, ranks: Ra
         "len/prompt_mean": ranks.mean(float(batch.prompt_lens.sum()), n),
         "len/truncated_frac": ranks.mean(float(truncated), n),
         "rollout/tokens": ranks.mean(float(lengths.sum()), 1),
-    }
+    } | episode_metrics(outputs, ranks)
 
 
 class RewardFailures:
@@ -123,6 +124,13 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     logp = f"logp {g('time/logprobs_s', '{:.1f}')}s " if "time/logprobs_s" in m else ""
     failed = m.get("reward/errors", 0) + m.get("reward/timeouts", 0)
     failures = f" reward_errors {failed:.0f}/{g('reward/calls', '{:.0f}')}" if failed else ""
+    if "episode/turns_mean" in m:  # multi-turn episodes (env.function)
+        failures += (
+            f" turns {g('episode/turns_mean', '{:.2f}')} tools "
+            f"{g('episode/tool_calls', '{:.0f}')} err {g('episode/tool_errors', '{:.0f}')} "
+            f"tok obs/model {g('episode/observation_tokens_mean', '{:.0f}')}/"
+            f"{g('episode/model_tokens_mean', '{:.0f}')}"
+        )
     if "spec/tokens_per_verify" in m:  # speculative rollouts: the drafts' acceptance and yield
         tail = (
             f"spec a {g('spec/accept/mean')} k {g('spec/draft_tokens', '{:.0f}')} "

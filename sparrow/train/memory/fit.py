@@ -171,7 +171,8 @@ def fit_memory(
         cfg = replace(cfg, actor=replace(cfg.actor, activation_checkpointing=True))
         changes.append(f"{CHECKPOINTING}=true")
         current = plan(cfg)
-    if _peak(current) > usable and free and _may_sleep(cfg, pinned, "kv"):
+    lora = cfg.actor.lora.rank > 0  # the base is never pushed again: its copy stays awake
+    if _peak(current) > usable and free and _may_sleep(cfg, pinned, "kv") and not lora:
         weights = plan(_sleep(cfg, "weights"))
         if weights.asleep > current.asleep:  # else an engine pass keeps the copy (plan.py)
             cfg, current = _sleep(cfg, "weights"), weights

@@ -69,7 +69,7 @@ from sparrow.train.memory.actor_passes import (
     no_grad_pass_bytes,
     step_cache_copies,
 )
-from sparrow.train.memory.adapter import adapter_memory
+from sparrow.train.memory.adapter import adapter_memory, lora_parameter_count
 from sparrow.train.memory.offload import offload_memory
 
 GiB = 2**30
@@ -256,7 +256,7 @@ def plan_memory(
     params = parameter_count(shape)
     engine_bytes = _DTYPE_BYTES[eng.dtype]
     bf16 = actor.precision == "bf16" or (actor.precision == "auto" and on_gpu)
-    actor_weights, optimizer, gradients = _actor_state_bytes(cfg, params, world, bf16)
+    actor_weights, optimizer, gradients = _actor_state_bytes(cfg, shape, params, world, bf16)
     offload = offload_memory(cfg, params, on_gpu, bf16, actor_weights, optimizer, gradients)
     triton = on_gpu and eng.backend in ("auto", "triton")
     kv_pool, page_summaries, dense_copies = _engine_cache_bytes(cfg, shape, engine_bytes, triton)
@@ -294,7 +294,8 @@ def plan_memory(
         actor_tokens=mb.decoder_tokens,
         actor_expanded=mb.expanded_tokens,
         checkpointing=actor.activation_checkpointing,
-        reference_weights=actor_weights if cfg.rl.loss.kl_coef else 0,
+        # A LoRA run's reference is its own base, the adapter off: no copy.
+        reference_weights=actor_weights if cfg.rl.loss.kl_coef and not actor.lora.rank else 0,
         exact_extra=exact_extra,
         runtime=runtime if host else 0,
         packed_weights=matrix_count(shape) * engine_bytes if packed else 0,
@@ -340,21 +341,24 @@ def _engine_transients(
 
 
 def _actor_state_bytes(
-    cfg: SparrowConfig, params: int, world: int, bf16: bool
+    cfg: SparrowConfig, shape: ModelShape, params: int, world: int, bf16: bool
 ) -> tuple[int, int, int]:
     """(weights, optimizer, gradients) bytes of the actor on one rank: ZeRO partitions the
     optimizer state from stage 1, the gradients from 2 and the weights from 3 (the reference
     model's weights are held as the actor's). The optimizer keeps fp32 Adam moments, plus an
-    fp32 master copy of bf16 weights."""
+    fp32 master copy of bf16 weights. With actor.lora only the adapter's `lora` parameters
+    train: the optimizer state and gradients are theirs, the weights the base's plus theirs."""
     model_bytes = _DTYPE_BYTES[cfg.model.dtype]
     stage = cfg.actor.zero_stage
+    lora = cfg.actor.lora
+    trained = lora_parameter_count(shape, lora.rank, lora.modules()) if lora.rank else params
 
     def share(stage_from: int) -> int:  # ZeRO partitions this state from stage `stage_from` on
         return world if stage >= stage_from else 1
 
-    weights = params * model_bytes // share(3)
-    optimizer = params * (8 + (4 if bf16 else 0)) // share(1)
-    return weights, optimizer, params * model_bytes // share(2)
+    weights = (params + (trained if lora.rank else 0)) * model_bytes // share(3)
+    optimizer = trained * (8 + (4 if bf16 else 0)) // share(1)
+    return weights, optimizer, trained * model_bytes // share(2)
 
 
 def _engine_cache_bytes(
