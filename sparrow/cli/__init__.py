@@ -12,6 +12,7 @@ config_loader.py  Hydra composition with one-line errors
 moved_keys.py     config keys that moved, and the one line naming where each is set now
 errors.py         the error boundary every console script shares (user errors: one line)
 option_tables.py  the option tables of docs/guide/, generated from the config dataclasses
+device_table.py   the README's preset x device table, from the memory plans
 launcher.py       torchrun's agent for scripts/launch_multinode.sh: a failed run ends with
                   sparrow's line and exit code
 """

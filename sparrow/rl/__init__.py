@@ -17,4 +17,6 @@ actor_config.py             ActorConfig and the LR schedule (no DeepSpeed)
 actor_memory.py             the activation estimate of the plan line, the row-expanded prompt K/V
 deterministic_backward.py   torch's deterministic kernels around the update's backward (CPU)
 actor.py                    DenseActor: DeepSpeed ZeRO (the only module importing it)
+policy_adapter.py           LoRA RL of the policy: the peft adapter, its sync factors, its export
+op_build.py                 one JIT build of a DeepSpeed op at a time; a killed build's lock cleared
 """

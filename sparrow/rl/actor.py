@@ -53,6 +53,7 @@ from sparrow.rl.micro_batches import (  # noqa: E402
     take,
     token_budget_slices,
 )
+from sparrow.rl.op_build import op_build_guard  # noqa: E402
 from sparrow.rl.policy_logprobs import (  # noqa: E402
     ForwardScores,
     LogprobOutput,
@@ -461,7 +462,8 @@ def _adamw(model: nn.Module, cfg: ActorConfig) -> torch.optim.Optimizer:
     if cfg.offload_optimizer == "cpu":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=betas, adamw_mode=True)
+        with op_build_guard("cpu_adam"):  # built on first use: no start-up behind a killed build
+            return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=betas, adamw_mode=True)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas)
 
 

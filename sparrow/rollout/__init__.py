@@ -13,6 +13,7 @@
     sampler.py        temperature / top-k / top-p, log-probs, top-K
     outputs.py        GenerationOutput, per-token records, GenerateStats
     engine.py         LLMEngine, EngineConfig, SamplingParams: the step loop
+    sleep.py          the engine asleep while the actor trains: pool (and weights) freed, re-made
     episodes.py       multi-turn episodes: one sequence per episode, observations as K/V chunks
     speculative.py    lossless sparse rollouts: the accept/resample rule (sparse drafts, dense p)
     speculative_round.py  one draft-and-verify round of generate over a decode batch
