@@ -29,6 +29,7 @@ The episode's reward is the sum of the environment's per-turn rewards.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -41,6 +42,13 @@ from sparrow.rollout.sequence import Sequence
 # ending with the next assistant header; tokens cut from the contents), e.g.
 # tasks/environment.py's capped_observation_ids with the tokenizer bound.
 Observe = Callable[[list[dict], int], tuple[list[int], int]]
+
+
+class _StepEnv(Protocol):
+    """What the loop needs of an environment (tasks/environment.py's Environment, kept out of
+    the rollout package's imports): its observation after an assistant turn's text."""
+
+    def step(self, assistant_text: str, /) -> Any: ...
 
 
 @dataclass
@@ -60,7 +68,7 @@ class EpisodeLimits:
 
 @dataclass
 class _Episode:
-    env: object  # its Environment
+    env: _StepEnv  # its Environment
     turn_start: int = 0  # completion index where the current turn began
     observed: list[bool] = field(default_factory=list)  # per completion token: an observation
     turns: int = 0
@@ -224,6 +232,7 @@ class _EpisodeLoop:
             ep.tool_calls += int(obs.tool_calls)
             ep.tool_errors += int(obs.tool_errors)
             if obs.done or ep.turns >= self.limits.max_turns:
+                assert seq.finish_reason is not None  # set when its turn closed
                 self._end(scheduler, seq, seq.finish_reason, abandoned=not obs.done)
                 continue
             ids, cut = self.observe(obs.messages, self.limits.max_observation_tokens)

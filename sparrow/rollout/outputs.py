@@ -65,7 +65,7 @@ class DraftAcceptance:
     position and budget, which the monitor bins and the throughput controller reads."""
 
     positions: list[int] = field(default_factory=list)  # absolute: tokens its draft attended
-    budget_pages: list[int] = field(default_factory=list)  # the schedule's budget there
+    budget_pages: list[int | None] = field(default_factory=list)  # the schedule's budget there
     values: list[float] = field(default_factory=list)  # sum_v min(p(v), q(v))
 
     def add(self, seqs: list[Sequence], per_seq: list[Tensor]) -> None:

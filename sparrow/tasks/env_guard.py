@@ -86,7 +86,7 @@ class GuardedEnv:
     def __init__(self, factory: "GuardedEnvFactory", row: dict, episode: int):
         self._factory = factory
         self._row = row
-        self._episode = episode  # its key in the worker, when isolated
+        self._episode: int | None = episode  # its key in the worker, when isolated
         self._isolated = factory.isolate
         self._env: Any = None  # the environment object, in this process
         self.done = False  # no more steps: the episode ended, or a fault ended it
@@ -101,6 +101,7 @@ class GuardedEnv:
         if self._isolated:
             tools = self._factory.worker_call(worker_open, self._episode, self._row)
         else:
+            assert self._factory.factory is not None, "in-process environments need the factory"
             self._env = self._factory.factory(self._row)
             tools = getattr(self._env, "tools", [])
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):

@@ -2,7 +2,12 @@
 engine told the schedule (and with speculative rollouts the k) that results, and what a step's
 rollouts read (the KV-read ratio and the tokens decoded sparsely)."""
 
-from sparrow.control.controller import make_controller, resolve_objective
+from sparrow.control.controller import (
+    FixedController,
+    OnlineController,
+    make_controller,
+    resolve_objective,
+)
 from sparrow.control.cost_model import (
     engine_cost_config,
     expected_tokens_per_round,
@@ -12,7 +17,7 @@ from sparrow.control.cost_model import (
 )
 from sparrow.control.kv_read import kv_pages, kv_read_ratio, sparse_tokens
 from sparrow.control.schedule import BudgetSchedule
-from sparrow.control.throughput import ThroughputController
+from sparrow.control.throughput import BudgetBinStats, ThroughputController
 from sparrow.distributed import Ranks
 from sparrow.models.shape import ModelShape
 from sparrow.monitor.draft_acceptance import draft_acceptance
@@ -28,7 +33,9 @@ class ScheduleSteering:
     the noise floor there, not the drafts')."""
 
     def __init__(self, cfg: SparrowConfig, engine, shape: ModelShape, ranks: Ranks):
-        self.controller = make_controller(cfg.schedule, cfg.controller)
+        self.controller: FixedController | OnlineController | ThroughputController | None = (
+            make_controller(cfg.schedule, cfg.controller)
+        )
         self.engine, self.shape, self.ranks = engine, shape, ranks
         self.tau = cfg.controller.tau
         spec = cfg.rollout.speculative
@@ -74,7 +81,8 @@ class ScheduleSteering:
         """The controller's move from this step's per-bin `stats` (speculative: the drafts'
         acceptance in `rollout_stats`, the engine's GenerateStats of the batch), and the cost
         model's predicted speedup for the schedule the batch was rolled out with."""
-        metrics, drafts = {}, []
+        metrics: dict[str, float] = {}
+        drafts: list[BudgetBinStats] = []
         if self.speculative and rollout_stats is not None:
             metrics, drafts = draft_acceptance(rollout_stats, self.bin_tokens, self.ranks)
         if self.controller is None:

@@ -65,15 +65,16 @@ def _value(node: ast.AST) -> Fraction:
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _value(node.left), _value(node.right)
+        operand: Fraction | int = right  # an int exponent: Fraction ** int stays exact
         if isinstance(node.op, ast.Pow):
             if right.denominator != 1 or abs(right) > MAX_EXPONENT:
                 raise ValueError(f"exponents are whole numbers up to {MAX_EXPONENT}")
             if left == 0 and right < 0:
                 raise ValueError("division by zero")
-            right = int(right)
+            operand = int(right)
         elif isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise ValueError("division by zero")
-        result = Fraction(_BINARY[type(node.op)](left, right))
+        result = Fraction(_BINARY[type(node.op)](left, operand))
         if max(len(str(result.numerator)), len(str(result.denominator))) > MAX_DIGITS:
             raise ValueError(f"a number over {MAX_DIGITS} digits")
         return result

@@ -115,7 +115,8 @@ class _Capped(io.TextIOBase):
     """A stdout that keeps the first `limit` characters and counts the rest."""
 
     def __init__(self, limit: int):
-        self.limit, self.parts, self.kept, self.dropped = limit, [], 0, 0
+        self.limit, self.kept, self.dropped = limit, 0, 0
+        self.parts: list[str] = []
 
     def write(self, text: str) -> int:
         room = self.limit - self.kept
@@ -135,7 +136,10 @@ def _run_code(code: str, max_chars: int) -> tuple[bool, str]:
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         tree = ast.parse(code, "<python-tool>")
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        tail = tree.body[-1] if tree.body else None
+        last = tail if isinstance(tail, ast.Expr) else None
+        if last is not None:
+            tree.body.pop()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             exec(compile(tree, "<python-tool>", "exec"), namespace)
             if last is not None:

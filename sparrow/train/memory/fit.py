@@ -19,6 +19,7 @@ size, ZeRO stage, ranks) changes what runs or where, and is named in the refusal
 
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sparrow.models.shape import ModelShape
 from sparrow.train.config import MemoryConfig, SparrowConfig
@@ -224,7 +225,8 @@ def _offload(
         done = getattr(cfg.actor, name) != "none" or key in pinned or cfg.actor.zero_stage < stage
         if done or not device.host or _peak(current) <= device.usable:
             continue
-        trial = replace(cfg, actor=replace(cfg.actor, **{name: "cpu"}))
+        offload: dict[str, Any] = {name: "cpu"}  # a str field named at run time
+        trial = replace(cfg, actor=replace(cfg.actor, **offload))
         offloaded = plan(trial)
         if offloaded.host_offload <= device.host_usable and _peak(offloaded) < _peak(current):
             cfg, current = trial, offloaded
