@@ -15,7 +15,10 @@ The runner's decode and verify calls are timed in the kept run of each arm, so t
 explained from the same run: a draft step and a verify pass in dense-step units, and the speedup
 they predict, tokens per verify / (draft steps per round x draft + verify), beside the measured
 one (the rest of a round, sampling and the accept rule, is what the two leave out).
-Exit 1 when an arm generated nothing (a skipped measurement is no measurement).
+Exit 1 when a context's run skipped its work (a skipped measurement is no measurement): an arm
+that decoded no token, a sparse arm whose steps all read every page (the budget covers the
+context: the "sparse" arm was dense), or a speculative arm with no verify pass or no draft. Each
+is named under the context's `problems` in the JSON.
 """
 
 import argparse
@@ -29,6 +32,7 @@ from sparrow.bench.device import load_bench_model, resolve_device_args
 from sparrow.bench.rollout import long_prompt
 from sparrow.cli.errors import ArgumentParser, at_least
 from sparrow.rollout.engine import EngineConfig, LLMEngine, SamplingParams
+from sparrow.rollout.outputs import GenerateStats
 from sparrow.rollout.speculative import SpeculativeConfig
 
 QUICK = {"contexts": [256], "batch": 2, "new_tokens": 12, "budget_tokens": 64, "draft_tokens": [3]}
@@ -43,11 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
-    empty = [r["context_tokens"] for r in rows if min(r["tok_s"].values()) <= 0]
-    if empty:
-        print(f"error: an arm decoded no token at context {empty}")
-        return 1
-    return 0
+    problems = [f"context {r['context_tokens']}: {p}" for r in rows for p in r["problems"]]
+    for problem in problems:
+        print(f"error: {problem}")
+    return 1 if problems else 0
 
 
 def one_context(lm, args, context: int) -> dict:
@@ -73,7 +76,8 @@ def one_context(lm, args, context: int) -> dict:
         )
     params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True)
     tok_s = dict.fromkeys(engines, 0.0)
-    stats = {}
+    stats = {name: GenerateStats() for name in engines}
+    pages_read = dict.fromkeys(engines, 0)  # the most KV pages a step of the kept run read
     clocks = {name: RunnerClock(engine.runner) for name, engine in engines.items()}
     warm = SamplingParams(1.0, max_tokens=3, ignore_eos=True)
     for engine in engines.values():  # warm-up: allocator, thread pools, packed weights
@@ -82,20 +86,25 @@ def one_context(lm, args, context: int) -> dict:
     for _ in range(args.repeats):  # interleaved, best of: the CPU may be shared
         for name, engine in engines.items():
             clocks[name].reset()
-            engine.generate([prompt], params, n=args.batch)
-            if engine.last_stats.decode_tok_s > tok_s[name]:
+            outs = engine.generate([prompt], params, n=args.batch)
+            if engine.last_stats.decode_tok_s > tok_s[name] or name not in calls:
                 tok_s[name] = engine.last_stats.decode_tok_s
                 stats[name], calls[name] = engine.last_stats, clocks[name].snapshot()
+                pages_read[name] = _pages_read(outs, engine.last_stats, ps, name)
     row = {
         "context_tokens": len(prompt),
         "budget_tokens": budget * ps,
         "tok_s": tok_s,
-        "vs_dense": {name: t / tok_s["dense"] for name, t in tok_s.items()},
+        "vs_dense": {name: t / max(tok_s["dense"], 1e-9) for name, t in tok_s.items()},
         "acceptance": {},
         "tokens_per_verify": {},
         "step_ms": {name: _per_call_ms(c) for name, c in calls.items()},
         "cost": {},
+        "problems": _skipped(tok_s, stats, pages_read, -(-len(prompt) // ps)),
     }
+    if row["problems"]:  # the ratios below would describe work that was not done
+        _print(row, args)
+        return row
     dense_ms = row["step_ms"]["dense"]["decode"]
     for k in args.draft_tokens:
         name = f"spec_k{k}"
@@ -117,6 +126,36 @@ def one_context(lm, args, context: int) -> dict:
     row["best_k"] = int(max(spec_arms, key=tok_s.__getitem__).removeprefix("spec_k"))
     _print(row, args)
     return row
+
+
+def _pages_read(outs, stats, page_size: int, name: str) -> int:
+    """The most KV pages one decode step of the run read: the emitted tokens' or, for a
+    speculative arm (it emits the dense pass's tokens), its drafts' (a None budget: dense)."""
+    if not name.startswith("spec_"):  # the first token is the (dense) prefill's
+        return max((int(b) for o in outs for b in o.budget_pages[1:]), default=0)
+    drafts = stats.spec_accept
+    pages = [-(-pos // page_size) for pos in drafts.positions]
+    return max(
+        (p if b is None else min(b, p) for p, b in zip(pages, drafts.budget_pages, strict=True)),
+        default=0,
+    )
+
+
+def _skipped(tok_s: dict, stats: dict, pages_read: dict, prompt_pages: int) -> list:
+    """What each arm's kept run left undone, in words; [] when every arm did its work."""
+    problems = [f"{name}: decoded no token" for name, t in tok_s.items() if t <= 0]
+    for name in tok_s:
+        sparse = name != "dense"  # the sparse arm and the speculative arms' drafts
+        if sparse and pages_read[name] >= prompt_pages:
+            problems.append(
+                f"{name}: every step read all pages ({pages_read[name]} of a {prompt_pages}-page "
+                "prompt): the budget covers the context, nothing was sparse"
+            )
+        if name.startswith("spec_") and (
+            stats[name].spec_rounds == 0 or stats[name].spec_drafted == 0
+        ):
+            problems.append(f"{name}: no draft was verified (rounds {stats[name].spec_rounds})")
+    return problems
 
 
 class RunnerClock:
@@ -156,6 +195,10 @@ def _print(row: dict, args) -> None:
         f"\ncontext {row['context_tokens']} tokens, batch {args.batch} (one shared prompt), "
         f"{args.new_tokens} new tokens, budget {row['budget_tokens']} tokens"
     )
+    for problem in row["problems"]:
+        print(f"  skipped: {problem}")
+    if row["problems"]:
+        return
     for name, t in row["tok_s"].items():
         extra = f"  step {row['step_ms'][name]['decode']:.1f} ms"
         if name in row["acceptance"]:
