@@ -30,8 +30,11 @@ from sparrow.experiments.table_cells import (
 
 BASE, STALE = "sync", "async1"  # the arms compared (pipeline_study.ARMS)
 SPLIT = "rollout1"  # draws what async1 draws: a seed of it repeats async1's run on one host
-# What two runs of one computation may differ in: times, rates, and the push only a split logs.
-_TIMING = re.compile(r"^time/|_s$|tok_s|/tokens_per_s|^speedup/measured$|^sync/push_bytes$")
+# What two runs of one computation may differ in: times, rates, the push only a split logs, and
+# the phases' measured memory (memory/peak_gib/<phase>).
+_TIMING = re.compile(
+    r"^time/|_s$|tok_s|/tokens_per_s|^speedup/measured$|^sync/push_bytes$|^memory/"
+)
 
 
 @dataclass(frozen=True)

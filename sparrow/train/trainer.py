@@ -48,6 +48,7 @@ from sparrow.train.dynamic_sampling import Rollout, Sampled
 from sparrow.train.evaluation import PairedBaseline, eval_sampling, evaluate
 from sparrow.train.logs.metrics_logger import MetricsLogger
 from sparrow.train.logs.progress import StepClock
+from sparrow.train.memory.peaks import phase_peaks
 from sparrow.train.phase_timer import PhaseTimer
 from sparrow.train.policy_update import PolicyUpdate, dense_pass
 from sparrow.train.rollouts.draw import RolloutDraw
@@ -217,7 +218,7 @@ class GRPOTrainer:
 
     def train_step(self) -> dict:
         """One GRPO step on this rank's share of the step's prompts; returns its metrics."""
-        timer = PhaseTimer()
+        timer = PhaseTimer(phase_peaks())  # and each phase's peak memory (memory/peaks.py)
         sampled = self._sample(timer)  # rollout and rewards phases, once per round
         train = sampled.train
         rollout, scores = train.rollout, train.scores

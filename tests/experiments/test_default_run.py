@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "default_run"
 _DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 # Wall-clock figures differ run to run; every other value of a seeded run is reproducible.
-_TIMINGS = re.compile(r"^time/|_s$|tok_s|^speedup/measured$")
+_TIMINGS = re.compile(r"^time/|_s$|tok_s|^speedup/measured$|^memory/")
 STEPS = 3
 # Keys a run of make train's config may set: where it writes and what it prints, and the seed.
 _FREE_KEYS = re.compile(r"^(run_dir|seed|logger\.|rollout\.progress)")

@@ -117,7 +117,7 @@ def test_two_async_runs_are_the_same_run(tmp_path):
         weights.append(trainer.actor.gathered_state_dict())
     a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
     timing = ("time/", "throughput/", "async/rollout_s", "async/rewards_s", "async/same_weights_s")
-    timing += ("async/draw_s", "rollout/decode_tok_s", "rollout/prefill_tok_s")
+    timing += ("async/draw_s", "rollout/decode_tok_s", "rollout/prefill_tok_s", "memory/")
     for ra, rb in zip(a, b, strict=True):
         keys = [k for k in ra if not k.startswith(timing) and "tok_s" not in k]
         assert keys and set(keys) <= set(rb)

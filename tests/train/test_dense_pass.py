@@ -14,7 +14,7 @@ from sparrow.tasks.rewards import GuardedReward
 from sparrow.train.policy_update import dense_pass
 from sparrow.train.trainer import GRPOTrainer
 
-TIMING = ("time/", "throughput/", "speedup/")
+TIMING = ("time/", "throughput/", "speedup/", "memory/")
 # Measured on the shared 2-core CPU: the largest difference between the two runs' values was
 # 0 (bit-equal) for the metrics and the weights; the bound leaves room for BLAS shapes.
 RTOL, ATOL = 1e-5, 1e-6

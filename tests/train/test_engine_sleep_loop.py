@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_loop_fake_actor import _trainer
 
-_TIMINGS = re.compile(r"^time/|_s$|tok_s|/tokens_per_s|^speedup/measured$")
+_TIMINGS = re.compile(r"^time/|_s$|tok_s|/tokens_per_s|^speedup/measured$|^memory/")
 EXTRA = ("rl.steps=3", "monitor.speedup_every=2", "distill=default")
 
 

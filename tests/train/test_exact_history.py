@@ -91,7 +91,7 @@ COMMON = [
     "rl.eval.every=2",
     "rl.reward.name=test_length",  # non-zero advantages: the weights really move
 ]
-TIMING = ("time/", "speedup/measured")  # and every *_tok_s rate
+TIMING = ("time/", "speedup/measured", "memory/")  # and every *_tok_s rate
 
 
 def _launch(run_dir: Path, log: Path, phase: str = "none", step: int = 0) -> subprocess.Popen:

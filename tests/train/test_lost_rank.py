@@ -42,7 +42,7 @@ COMMON = [
     f"actor.collective_timeout_min={TIMEOUT_MIN}",
 ]
 # Wall-clock numbers differ run to run; everything else must be equal.
-_TIMINGS = re.compile(r"^time/|_s$|tok_s|/tokens_per_s|^speedup/measured$")
+_TIMINGS = re.compile(r"^time/|_s$|tok_s|/tokens_per_s|^speedup/measured$|^memory/")
 
 
 def _env() -> dict[str, str]:

@@ -84,7 +84,7 @@ def test_seed_moves_sampling_and_prompt_order_unless_set_explicitly(tmp_path):
 
 
 def _timing(key: str) -> bool:
-    return key.startswith("time/") or "tok_s" in key or key == "speedup/measured"
+    return key.startswith(("time/", "memory/")) or "tok_s" in key or key == "speedup/measured"
 
 
 def _metrics(run_dir) -> list[dict]:

@@ -7,4 +7,5 @@ fit.py             the plan against the device: size checkpointing/token budget,
 offload.py         ZeRO-Offload in the plan: what moves to host RAM, the host RAM there is
 context_budget.py  the tokens a prompt may take (KV pool, position limit) and the knob to name
 run_inputs.py      a run's prompts, then the memory plan they size
+peaks.py           what a step's phases really held (RSS high-water mark, or CUDA's), per phase
 """
