@@ -12,6 +12,9 @@
   default run's size; writes docs/parity/ (parity_table.py).
 - correction_study: rollout-correction modes and dynamic sampling at an aggressive fixed budget,
   against dense, over seeds; writes docs/correction/ (correction_table.py).
+- speculative_study: speculative rollouts (sparse drafts, dense verifies) against dense on the
+  default task over seeds, and the rollout time ratio per step; writes docs/speculative/
+  (speculative_table.py).
 - distill_study: the DistillSparse study on the trainer (theta frozen, the online controller with
   and without the adapter, several seeds); distill_archive: what it keeps in docs/distill/runs
   (copies, settled budgets, tails); distill_tail: a finished run's held-out tail with and without
