@@ -24,6 +24,31 @@ def kv_pages(budget_pages: Tensor, completion_mask: Tensor, page_size: int) -> t
     return float(budget_pages[completion_mask].sum()), float(dense[completion_mask].sum())
 
 
+def turn_index(attention_mask: Tensor, completion_mask: Tensor, prompt_lens: Tensor) -> Tensor:
+    """Each token's assistant turn in a multi-turn episode, 1-based: 1 + the observations (runs
+    of non-completion tokens after the prompt) before it; 0 on the prompt and the padding.
+
+    attention_mask, completion_mask: (B, T) bool; prompt_lens: (B,).
+    """
+    positions = torch.arange(completion_mask.shape[1]).expand_as(completion_mask)  # (B, T)
+    observed = attention_mask & ~completion_mask & (positions >= prompt_lens[:, None])  # (B, T)
+    starts = observed & ~torch.nn.functional.pad(observed[:, :-1], (1, 0))  # (B, T)
+    return torch.where(completion_mask, 1 + starts.long().cumsum(dim=1), 0)  # (B, T)
+
+
+def kv_pages_by_turn(
+    budget_pages: Tensor, completion_mask: Tensor, turns: Tensor, page_size: int
+) -> dict[int, tuple[float, float]]:
+    """kv_pages over each assistant turn's tokens: {turn: (pages read, dense pages)}.
+
+    budget_pages, completion_mask: (B, T) as kv_pages; turns: (B, T) from turn_index.
+    """
+    return {
+        int(t): kv_pages(budget_pages, completion_mask & (turns == t), page_size)
+        for t in turns[completion_mask].unique().tolist()
+    }
+
+
 def kv_read_ratio(pages_read: float, pages_dense: float) -> float:
     return pages_read / max(pages_dense, 1.0)
 

@@ -15,6 +15,9 @@
 - speculative_study: speculative rollouts (sparse drafts, dense verifies) against dense on the
   default task over seeds, and the rollout time ratio per step; writes docs/speculative/
   (speculative_table.py).
+- multi_turn_study: SmolLM2 on the Python tool task (env=python), sparse at tau 0.86 against
+  dense over seeds: tool calls, turns, reward, held-out accuracy per step and the KV-read ratio
+  per assistant turn; writes docs/multi_turn/ (multi_turn_table.py).
 - distill_study: the DistillSparse study on the trainer (theta frozen, the online controller with
   and without the adapter, several seeds); distill_archive: what it keeps in docs/distill/runs
   (copies, settled budgets, tails); distill_tail: a finished run's held-out tail with and without

@@ -15,7 +15,13 @@ from sparrow.control.cost_model import (
     predicted_speedup,
     speculative_tokens_per_eflop,
 )
-from sparrow.control.kv_read import kv_pages, kv_read_ratio, sparse_tokens
+from sparrow.control.kv_read import (
+    kv_pages,
+    kv_pages_by_turn,
+    kv_read_ratio,
+    sparse_tokens,
+    turn_index,
+)
 from sparrow.control.schedule import BudgetSchedule
 from sparrow.control.throughput import BudgetBinStats, ThroughputController
 from sparrow.distributed import Ranks
@@ -45,6 +51,9 @@ class ScheduleSteering:
         # not the drafts', and would walk every bin down to the smallest budget.
         self.holds = spec.enabled and objective == "tail"
         self.page_size = cfg.rollout.engine.page_size
+        # Multi-turn episodes: the KV-read ratio of each assistant turn too (a fixed set of keys,
+        # so that every rank sums the same ones).
+        self.max_turns = cfg.env.max_turns if cfg.env.function else 0
         self.bin_tokens = cfg.schedule.bin_tokens
         eng = cfg.rollout.engine
         self.cost = engine_cost_config(eng.page_size, len(eng.dense_layers), eng.dtype)
@@ -147,7 +156,25 @@ class ScheduleSteering:
         decoded sparsely (what DistillSparse learns from), all ranks."""
         read, dense = kv_pages(batch.budget_pages, batch.completion_mask, self.page_size)
         sparse = sparse_tokens(batch.budget_pages, batch.completion_mask, self.page_size)
-        return {
+        metrics = {
             "kv_read_ratio": kv_read_ratio(self.ranks.sum(read), self.ranks.sum(dense)),
             "rollout/sparse_tokens": self.ranks.sum(sparse),
+        }
+        return metrics | self.kv_read_by_turn(batch)
+
+    def kv_read_by_turn(self, batch: RolloutBatch) -> dict:
+        """kv_read_ratio/turn<k> over the assistant turns k = 1..env.max_turns that any rank's
+        episodes reached (all ranks); {} without multi-turn episodes."""
+        if not self.max_turns:
+            return {}
+        turns = turn_index(batch.attention_mask, batch.completion_mask, batch.prompt_lens)
+        by_turn = kv_pages_by_turn(batch.budget_pages, batch.completion_mask, turns, self.page_size)
+        pages = {}
+        for t in range(1, self.max_turns + 1):
+            pages[f"read{t}"], pages[f"dense{t}"] = by_turn.get(t, (0.0, 0.0))
+        pages = self.ranks.sums(pages)
+        return {
+            f"kv_read_ratio/turn{t}": kv_read_ratio(pages[f"read{t}"], pages[f"dense{t}"])
+            for t in range(1, self.max_turns + 1)
+            if pages[f"dense{t}"] > 0
         }

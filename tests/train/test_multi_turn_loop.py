@@ -181,3 +181,25 @@ def test_async_staleness_one_runs_episodes_in_the_producer_thread(tmp_path):
         for o, mask in zip(outputs, masks, strict=True):
             p, n = len(o.prompt_ids), len(o.token_ids)
             assert torch.equal(mask[p : p + n], ~o.observation_mask)
+
+
+def test_kv_read_ratio_is_logged_per_assistant_turn(tmp_path):
+    """kv_read_ratio/turn<k>: the pages turn k's decode steps read over a dense decode's, from
+    the episodes themselves (turn k follows k - 1 observations); the turns reached, no more."""
+    trainer, drawn, _ = multi_turn_trainer(tmp_path)
+    trainer.fit()
+    page = trainer.cfg.rollout.engine.page_size
+    for row, outputs in zip(_rows(tmp_path), drawn, strict=True):
+        read, dense = {}, {}
+        for o in outputs:
+            turn, p = 1, len(o.prompt_ids)
+            for i, observed in enumerate(o.observation_mask.tolist()):
+                if observed:
+                    turn += i > 0 and not o.observation_mask[i - 1]
+                    continue
+                read[turn] = read.get(turn, 0) + int(o.budget_pages[i])
+                dense[turn] = dense.get(turn, 0) + -(-(p + i) // page)
+        assert sorted(dense) == [1, 2, 3]  # env.max_turns=3, every turn reached
+        per_turn = {k: v for k, v in row.items() if k.startswith("kv_read_ratio/turn")}
+        assert per_turn == {f"kv_read_ratio/turn{t}": read[t] / dense[t] for t in dense}
+        assert min(per_turn.values()) < 1.0  # the schedule's budgets read less than dense
