@@ -7,6 +7,7 @@ them), so a command changed there is the command run here; a guide command witho
 fewest-steps arguments below fails `test_every_guide_command_is_covered` until it has them.
 """
 
+import json
 import os
 import re
 import shlex
@@ -67,8 +68,9 @@ def _option(command: Command, key: str) -> str | None:
 
 def test_the_quickstart_is_the_five_first_commands():
     """The default run, your model/data/reward on the CPU, a GPU preset, sparrow-eval and
-    sparrow-report, the last two reading the runs the block trains."""
-    default, yours, gpu, evaluate, report = quickstart()
+    sparrow-report, the last two reading the runs the block trains; then the Python tool task."""
+    default, yours, gpu, evaluate, report, tool = quickstart()
+    assert tool == python_tool_command()
     assert default.words == ("sparrow-train",)
     assert _option(yours, "data.source") and _option(yours, "rl.reward.function")
     assert (_option(yours, "model") or "").startswith("tiny_")
@@ -99,6 +101,29 @@ def test_the_quickstart_runs_as_written(tmp_path):
         else:
             run_dir = tmp_path / (_option(command, "run_dir") or "runs/default")
             assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "policy").is_dir()
+
+
+def python_tool_command() -> Command:
+    """The README's command for the Python tool task on SmolLM2 (issue 62)."""
+    (command,) = [c for c in quickstart() if _option(c, "env") == "python"]
+    return command
+
+
+@pytest.mark.slow
+def test_the_python_tool_command_runs_as_written(tmp_path):
+    """The README's `sparrow-train env=python ...` line, word for word, in a fresh directory
+    holding the examples it reads: SmolLM2's episodes on the Python tool, every step logged."""
+    command = python_tool_command()
+    assert command.program == "sparrow-train" and _option(command, "rl.steps") == "2"
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    out = _run(list(command.words), tmp_path, _env(tmp_path))
+    assert out.returncode == 0, f"{shlex.join(command.words)}: {out.stderr[-2000:]}"
+    run_dir = tmp_path / (_option(command, "run_dir") or "runs/default")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["env/episodes"] > 0 and "episode/turns_mean" in r for r in steps)
+    assert (run_dir / "policy").is_dir()
 
 
 def guide_commands() -> list[Command]:
