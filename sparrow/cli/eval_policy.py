@@ -83,16 +83,20 @@ def _main(argv: list[str] | None) -> int:
     episodes = None
     if cfg.env.function:
         episodes = Episodes(cfg.env, lm.tokenizer, engine, ecfg.max_new_tokens)
-    metrics, _ = evaluate(
-        engine,
-        reward,
-        prompts,
-        params,
-        seed=cfg.seed,
-        samples=ecfg.samples,
-        sample_params=sample_params,
-        episodes=episodes,
-    )
+    try:
+        metrics, _ = evaluate(
+            engine,
+            reward,
+            prompts,
+            params,
+            seed=cfg.seed,
+            samples=ecfg.samples,
+            sample_params=sample_params,
+            episodes=episodes,
+        )
+    finally:
+        if episodes is not None:
+            episodes.close()  # the environments' worker (env.isolate) ends with the evaluation
     metrics.pop("eval/samples")
     RewardFailures(reward, Ranks(0, 1)).check_eval(metrics, "in this evaluation")
     if args.json:

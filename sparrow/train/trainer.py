@@ -208,8 +208,10 @@ class GRPOTrainer:
                         path = self.save()
                     self.logger.close()
                     self.source.close()
+                    self.draw.close()
                     raise StopRequested(stop.signum or signal.SIGTERM, self.step, path)
         self.source.close()  # the rollout ranks' loop ends with the trainers'
+        self.draw.close()  # the environments' worker (env.isolate) ends with the run
         base = {k: v for k, v in asdict(self.cfg.model).items() if k != "dtype"}
         policy = self.run_dir / "policy"
         export_policy(self.actor, self.tokenizer, policy, self.step, self.rank, base)

@@ -203,3 +203,15 @@ def test_kv_read_ratio_is_logged_per_assistant_turn(tmp_path):
         per_turn = {k: v for k, v in row.items() if k.startswith("kv_read_ratio/turn")}
         assert per_turn == {f"kv_read_ratio/turn{t}": read[t] / dense[t] for t in dense}
         assert min(per_turn.values()) < 1.0  # the schedule's budgets read less than dense
+
+
+def test_the_environments_worker_ends_with_the_run(tmp_path):
+    """env.isolate=true: the episodes ran in the worker, and fit's end closes it (it would
+    otherwise live on beside an in-process caller until the interpreter exits)."""
+    trainer, _, _ = multi_turn_trainer(tmp_path, "env.isolate=true", "rl.steps=1")
+    factory = trainer.draw.episodes.factory
+    assert factory.isolate and factory.sandbox is not None
+    worker = factory.sandbox._worker.process
+    trainer.fit()
+    assert _rows(tmp_path)[-1]["env/episodes"] == 8.0  # the worker's episodes, counted here
+    assert worker.poll() is not None, "the environments' worker outlived the run"

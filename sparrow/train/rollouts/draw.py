@@ -75,6 +75,11 @@ class RolloutDraw:
             draw, rl.dynamic_sampling, share, rl.group_size, self.ranks, self.collate
         )
 
+    def close(self) -> None:
+        """The run is over: the environments' worker process, if any, ends (env.isolate)."""
+        if self.episodes is not None:
+            self.episodes.close()
+
     def drawn_step(self, step: int) -> DrawnStep:
         """The producer's work for step `step` (on the engine's weights of now): the rounds and
         rewards, then the dense replay of the trained rows' monitored share on the same weights

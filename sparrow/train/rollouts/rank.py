@@ -86,6 +86,8 @@ def serve_rollout_rank(cfg: SparrowConfig, roles: Roles) -> int:
         lambda step, request, version: draws[request["rank"]].drawn_from(step, request, version),
         bucket_bytes,
     )
+    for draw in draws.values():
+        draw.close()
     served = ", ".join(map(str, draws))
     print(f"rollout rank {roles.world_rank}: drew {steps} steps for training ranks {served}")
     return steps
