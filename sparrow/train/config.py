@@ -220,6 +220,11 @@ class MemoryConfig:
     # plan fits (knobs set on the command line stay as set); false: refuse a plan that does not.
     # On a GPU it may also put the engine to sleep and offload the optimizer state (ZeRO >= 1).
     fit: bool = True
+    # Log memory/peak_gib/<phase> each step, the most each phase held (train/memory/peaks.py): the
+    # process's peak RSS (VmHWM) is reset at each phase, so /usr/bin/time's maximum resident size
+    # and ru_maxrss then hold the last phase's peak only, not the run's; CUDA's peak statistics
+    # likewise. Off: they stay the run's peak.
+    measure_phases: bool = False
 
     def __post_init__(self):
         if self.host_gib is not None and self.host_gib <= 0:

@@ -1,5 +1,6 @@
 """Wall time of a step's phases: `with timer("update"): ...`; a phase entered twice adds up. With
-`memory` (memory/peaks.py), also the most memory each phase held.
+`memory` (memory/peaks.py; the trainer passes one with memory.measure_phases), also the most
+memory each phase held.
 
 The phases tile the step: each phase is charged from the end of the one before it (the timer's
 start for the first), so the gaps between `with` blocks are not lost and `time/step_s` is exactly

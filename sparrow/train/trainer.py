@@ -220,7 +220,8 @@ class GRPOTrainer:
 
     def train_step(self) -> dict:
         """One GRPO step on this rank's share of the step's prompts; returns its metrics."""
-        timer = PhaseTimer(phase_peaks())  # and each phase's peak memory (memory/peaks.py)
+        # With memory.measure_phases, each phase's peak memory too (memory/peaks.py).
+        timer = PhaseTimer(phase_peaks() if self.cfg.memory.measure_phases else None)
         sampled = self._sample(timer)  # rollout and rewards phases, once per round
         train = sampled.train
         rollout, scores = train.rollout, train.scores

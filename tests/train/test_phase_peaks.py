@@ -1,7 +1,8 @@
 """Each phase's peak memory (sparrow/train/memory/peaks.py through the PhaseTimer): the peak is a
 phase's own, not the high-water mark an earlier phase left (the reset at its entry), on the host
 (the kernel's VmHWM) and through the CUDA branch (torch.cuda stood in for by a counting
-allocator); and a real loop's metrics.jsonl carries `memory/peak_gib/<phase>` per step."""
+allocator); and a real loop's metrics.jsonl carries `memory/peak_gib/<phase>` per step with
+memory.measure_phases, and nothing without it."""
 
 import json
 
@@ -110,11 +111,22 @@ def test_without_a_source_nothing_is_logged(monkeypatch):
     assert not [k for k in timer.metrics() if k.startswith("memory/")]
 
 
+def _steps(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["step"] >= 1]
+
+
+def test_by_default_the_run_peak_is_left_alone(tmp_path):
+    """Off, nothing resets the process's peak: ru_maxrss and /usr/bin/time hold the run's."""
+    _trainer(tmp_path, "rl.steps=1").fit()
+    (row,) = _steps(tmp_path)
+    assert not [k for k in row if k.startswith("memory/")]
+
+
 def test_the_loop_logs_each_phase_peak(tmp_path):
     _host()
-    _trainer(tmp_path, "rl.steps=2").fit()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r["step"] >= 1]
+    _trainer(tmp_path, "rl.steps=2", "memory.measure_phases=true").fit()
+    steps = _steps(tmp_path)
     assert len(steps) == 2
     for row in steps:
         held = {k: v for k, v in row.items() if k.startswith("memory/")}

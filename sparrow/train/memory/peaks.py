@@ -3,8 +3,11 @@
     peaks = phase_peaks()            # None where the process's peak cannot be reset and read
     peaks.reset(); ...; peaks.read() # (bytes held now, peak bytes since the reset)
 
-The trainer's PhaseTimer resets the peak at each phase's entry and reads it at its exit, so a
-phase's `memory/peak_gib/<phase>` is the most it held, not the run's high-water mark so far:
+With memory.measure_phases the trainer's PhaseTimer resets the peak at each phase's entry and
+reads it at its exit, so a phase's `memory/peak_gib/<phase>` is the most it held, not the run's
+high-water mark so far. Off by default: the reset is the process's own, so /usr/bin/time's
+maximum resident size and ru_maxrss (tests/train/test_host_memory.py, `sparrow-bench step`) then
+hold only the peak since the last phase's entry, not the run's:
 - on a GPU (the run's device when CUDA is present, as build.py places it) the CUDA caching
   allocator's allocated bytes, `torch.cuda.reset_peak_memory_stats` / `max_memory_allocated`:
   the live bytes the plan counts (the allocator's reserved blocks above them are what the
