@@ -5,7 +5,7 @@ tool calls and turns per episode, the reward and the held-out accuracy; per run 
 of each assistant turn (kv_read_ratio/turn<k>).
 
 Sized to finish all six runs in about 50 minutes on a 2-core CPU (SIZE below; one step of 4 x 4
-episodes of 64 tokens a turn took 275 s on the loaded VM, docs/multi_turn/README.md): 3 steps of
+episodes of 64 tokens a turn took 275 s on the loaded VM, docs/multi_turn/README.md): 2 steps of
 4 prompts x 4 samples, at most 3 assistant turns of 64 tokens, greedy held-out accuracy on the
 file's held-out quarter before training and after every step.
 
@@ -29,7 +29,7 @@ from sparrow.experiments.multi_turn_table import write_multi_turn_report
 from sparrow.experiments.study import Arm, Study, study_main
 
 SIZE = (
-    "rl.steps=3",
+    "rl.steps=2",
     "rl.prompts_per_step=4",
     "rl.group_size=4",
     "rollout.max_new_tokens=64",

@@ -21,7 +21,7 @@ def test_the_arms_run_the_python_tool_task_sparse_at_tau_086_and_dense():
         assert cfg.model.name == "smollm2-135m-instruct"
         assert cfg.schedule.mode == ("dense" if name == "dense" else "online")
         assert cfg.controller.tau == 0.86
-        assert (cfg.rl.steps, cfg.rl.eval.every) == (3, 1)
+        assert (cfg.rl.steps, cfg.rl.eval.every) == (2, 1)
     runs = study.STUDY.runs(list(ARMS), [0, 1, 2])
     assert [r.name for r in runs] == [f"{a}_s{s}" for s in (0, 1, 2) for a in ("sparse", "dense")]
 
