@@ -33,7 +33,9 @@ def make_engine(model, tokenizer, budget, k=None, **overrides):
     return LLMEngine(model, tokenizer, cfg, schedule=schedule, speculative=spec)
 
 
-def assert_speculative_equals_dense(model, tokenizer, prompts, params, budgets_and_k, n=2):
+def assert_speculative_equals_dense(
+    model, tokenizer, prompts, params, budgets_and_k, n=2, topk_atol=2e-5
+):
     """Each (budget, k) speculative run's tokens, log-probs, top-K and budgets are the dense
     run's; the one-page sparse run's tokens are not (power). Returns the acceptance per run."""
     dense = make_engine(model, tokenizer, None).generate(prompts, params, n=n)
@@ -46,7 +48,7 @@ def assert_speculative_equals_dense(model, tokenizer, prompts, params, budgets_a
         assert [o.token_ids for o in spec] == [o.token_ids for o in dense], (budget, k)
         for s, d in zip(spec, dense, strict=True):
             torch.testing.assert_close(s.logprobs, d.logprobs, atol=2e-5, rtol=0)
-            torch.testing.assert_close(s.topk_logprobs, d.topk_logprobs, atol=2e-5, rtol=0)
+            torch.testing.assert_close(s.topk_logprobs, d.topk_logprobs, atol=topk_atol, rtol=0)
             assert s.budget_pages.tolist() == d.budget_pages.tolist()  # dense: all pages
         stats = engine.last_stats
         assert stats.spec_drafted > 0
@@ -87,7 +89,11 @@ def test_greedy_speculative_equals_greedy_dense_on_smollm2():
     )
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     # 4-token pages: the ~45-token prompt spans ~12 pages, so one page is a real cut.
+    # Top-K 5e-5: the verify's multi-query kernel matches the decode kernel to fp32 rounding
+    # (4e-6 per attention row, f836917), which 30 layers carry to 2.67e-5 on top-K tail entries
+    # (log-probs -10 to -16; relative 6.5e-6) at every budget, all pages included; the sampled
+    # tokens' log-probs stay within 3.3e-6 (2e-5 holds) and every token is the dense run's.
     rates = assert_speculative_equals_dense(
-        lm.model, tok, [prompt], params, [(1, 4), (3, 3), (ALL_PAGES, 2)], n=1
+        lm.model, tok, [prompt], params, [(1, 4), (3, 3), (ALL_PAGES, 2)], n=1, topk_atol=5e-5
     )
     print(f"\nSmolLM2: acceptance per (budget pages, k): {rates}")
