@@ -18,6 +18,7 @@ copies alone (a run not logged is a row marked missing).
     python -m sparrow.experiments.multi_turn_study --background   # start or continue, detached
     python -m sparrow.experiments.multi_turn_study --status       # one line per run
     python -m sparrow.experiments.multi_turn_study --report       # the tables from the copies
+    python -m sparrow.experiments.multi_turn_study --long         # 128-token turns, 4 steps
     python -m sparrow.experiments.multi_turn_study --seeds 0 -- preset=tiny rl.steps=2
 
 Arguments after `--` are Hydra overrides handed to every run.
@@ -26,7 +27,7 @@ Arguments after `--` are Hydra overrides handed to every run.
 import sys
 
 from sparrow.experiments.multi_turn_table import write_multi_turn_report
-from sparrow.experiments.study import Arm, Study, study_main
+from sparrow.experiments.study import Arm, Size, Study, study_main
 
 SIZE = (
     "rl.steps=2",
@@ -43,12 +44,20 @@ ARMS = (
     Arm("sparse", ("controller.tau=0.86",), "sparse: online controller, tau 0.86 (the default)"),
     Arm("dense", ("schedule.mode=dense",), "dense rollouts"),
 )
+# --long: turns long enough to end (at 64 tokens three in four episodes hit the cap before their
+# end token or a tool call), twice the samples per prompt and twice the steps.
+LONG = Size(
+    "long",
+    ("rl.steps=4", "rl.group_size=8", "rollout.max_new_tokens=128", "rl.eval.max_new_tokens=128"),
+    "4 steps of 4 x 8 episodes, turns of 128 tokens",
+)
 STUDY = Study(
     name="multi_turn",
     doc=__doc__,
     arms=ARMS,
     report=lambda inv, steps: write_multi_turn_report(inv.root, inv.runs, steps, inv.docs),
     shared=("logger=disabled", "rollout.progress=false", "env=python", *SIZE),
+    sizes=(LONG,),
 )
 
 
