@@ -11,7 +11,7 @@ import pytest
 from sparrow.cli.config_loader import load_config
 from sparrow.experiments import speculative_study as study
 from sparrow.experiments import speculative_table as table
-from sparrow.experiments.study_files import TABLE_BEGIN, TABLE_END
+from sparrow.experiments.study_files import REPO, TABLE_BEGIN, TABLE_END
 
 ARMS = {arm.name: arm for arm in study.ARMS}
 
@@ -85,3 +85,21 @@ def test_report_builds_the_tables_from_the_copies_alone(tmp_path):
     assert study.main([*argv, "--", "rl.steps=2"]) == 0
     again = (docs / "README.md").read_text()
     assert again[again.index(TABLE_BEGIN) : again.index(TABLE_END)].split("\n", 2)[2] == block
+
+
+def test_the_committed_table_regenerates_from_the_committed_runs(tmp_path):
+    """docs/speculative/README.md's table is what `--report` makes of docs/speculative/runs
+    alone (the study ran at rl.steps=3: docs/speculative/README.md says why), no run dir."""
+    docs = REPO / "docs" / "speculative"
+    copy = tmp_path / "speculative"
+    shutil.copytree(docs / "runs", copy / "runs")
+    shutil.copy(docs / "README.md", copy / "README.md")
+    argv = ["--root", str(tmp_path / "no_run_dirs"), "--docs", str(copy), "--report"]
+    assert study.main([*argv, "--", "rl.steps=3"]) == 0
+
+    def block(path):
+        text = path.read_text()
+        return text[text.index(TABLE_BEGIN) : text.index(TABLE_END)].split("\n", 2)[2]
+
+    assert block(copy / "README.md") == block(docs / "README.md")
+    assert {"dense_s0", "speculative_s0"} <= {p.name for p in (copy / "runs").iterdir()}
