@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sparrow.cluster import Roles
 from sparrow.distributed import Ranks
+from sparrow.malloc import trim_heap
 from sparrow.rl.advantages import broadcast_to_tokens, make_advantage_fn
 from sparrow.rl.batch import RolloutBatch
 from sparrow.rl.losses import PolicyLoss
@@ -250,6 +251,9 @@ class GRPOTrainer:
             update, scored = self._policy_update(
                 rollout.batch, dense, token_advantages, num_tokens, masked, row_logits
             )
+            # The update's freed activations go back to the kernel before the phases after it
+            # (glibc keeps up to 2 GB of free heap, sparrow.malloc): each phase holds its own.
+            trim_heap()
         dense, exact = scored or self._after_update(timer, rollout.batch, dense)
         if steered is None:  # the update's forward measured the exact rows
             steered = self._measure_and_steer(timer, train.prompts, rollout, sampled, dense, exact)
