@@ -89,9 +89,7 @@ class AcceptanceMetrics:
             f"{name}/mean": float(values.mean()) if len(values) else math.nan
         }
         if sparse is not None:  # counts in 20 bins over [0, 1], for sparrow-report's histogram
-            # clamped: an agreement of 1 computed as 1 + 1 ulp would fall outside histc's range
-            counted = values.float().clamp(0.0, 1.0)
-            metrics[f"{name}/hist20"] = torch.histc(counted, 20, 0.0, 1.0).tolist()
+            metrics[f"{name}/hist20"] = torch.histc(values.float(), 20, 0.0, 1.0).tolist()
         for s in stats:
             for stat in ("mean", "p1", "p5", "p50"):
                 metrics[f"{name}/{stat}/bin{s.bin_index}"] = getattr(s, stat)
