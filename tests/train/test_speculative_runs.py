@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,8 +38,7 @@ def _env() -> dict[str, str]:
 
 
 def train(run_dir: Path, *overrides: str, ranks: int = 1) -> subprocess.CompletedProcess:
-    """One run (ranks == 2: scripts/launch_multinode.sh, the last rank rolling out); prints
-    how long it took, for tests/README.md."""
+    """One run (ranks == 2: scripts/launch_multinode.sh, the last rank rolling out)."""
     env = _env()
     args = [*overrides, f"run_dir={run_dir}"]
     if ranks == 1:
@@ -49,12 +47,9 @@ def train(run_dir: Path, *overrides: str, ranks: int = 1) -> subprocess.Complete
         env |= {"PYTHON": sys.executable, "NPROC_PER_NODE": str(ranks)}
         env |= {"MASTER_PORT": str(_free_port()), "RDZV_ID": f"spec-{os.getpid()}"}
         cmd = ["bash", str(ROOT / "scripts" / "launch_multinode.sh"), *args]
-    start = time.monotonic()
-    done = subprocess.run(
+    return subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
-    print(f"\n{' '.join(overrides)}: {time.monotonic() - start:.0f} s, exit {done.returncode}")
-    return done
 
 
 def _free_port() -> int:
