@@ -24,6 +24,7 @@ from typing import Any
 from sparrow.models.shape import ModelShape
 from sparrow.train.config import MemoryConfig, SparrowConfig
 from sparrow.train.memory.offload import host_memory
+from sparrow.train.memory.peaks import kib_fields
 from sparrow.train.memory.plan import GiB, MemoryPlan, plan_memory
 
 H200_BYTES = 139 * GiB
@@ -104,7 +105,7 @@ def device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
     prompts; the weights are memory-mapped from their safetensors and not read yet)."""
     import torch
 
-    runtime = 0 if on_gpu else _kib_fields("/proc/self/status").get("VmRSS", 0) * 1024
+    runtime = 0 if on_gpu else kib_fields("/proc/self/status").get("VmRSS", 0) * 1024
     if cfg.device_gib is not None:
         return DeviceMemory(int(cfg.device_gib * GiB), "memory.device_gib", cfg.headroom, runtime)
     if torch.cuda.is_available():
@@ -112,7 +113,7 @@ def device_memory(cfg: MemoryConfig, on_gpu: bool) -> DeviceMemory:
         return DeviceMemory(free + torch.cuda.memory_allocated(), "GPU free", cfg.headroom)
     if on_gpu:
         return DeviceMemory(H200_BYTES, "H200 (no GPU here)", cfg.headroom)
-    available = _kib_fields("/proc/meminfo")["MemAvailable"] * 1024
+    available = kib_fields("/proc/meminfo")["MemAvailable"] * 1024
     return DeviceMemory(available + runtime, "host RAM", cfg.headroom, runtime)
 
 
@@ -355,17 +356,3 @@ def _actor_knob(
     elif pinned & {CHECKPOINTING, TOKEN_BUDGET, SLEEP, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS}:
         text += " (set on the command line, so not sized)"
     return text
-
-
-def _kib_fields(path: str) -> dict[str, int]:
-    """`Name:   1234 kB` lines of a /proc file, in KiB."""
-    fields = {}
-    if not os.path.exists(path):
-        return {"MemAvailable": 0}
-    with open(path) as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if len(parts) == 2 and parts[1] == "kB":
-                fields[key] = int(parts[0])
-    return fields

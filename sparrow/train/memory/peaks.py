@@ -54,14 +54,8 @@ class HostPeaks:
             f.write("5")
 
     def read(self) -> tuple[int, int]:
-        with open(STATUS) as f:
-            status = f.read()
-        values = {}
-        for line in status.splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                values[key] = int(rest.split()[0]) * 1024  # "13390224 kB"
-        return values["VmRSS"], values["VmHWM"]
+        values = kib_fields(STATUS)
+        return values["VmRSS"] * 1024, values["VmHWM"] * 1024
 
 
 class CudaPeaks:
@@ -88,3 +82,17 @@ def phase_peaks() -> HostPeaks | CudaPeaks | None:
     except (OSError, KeyError, ValueError):  # a sandbox's /proc without them, or read-only
         return None
     return host
+
+
+def kib_fields(path: str) -> dict[str, int]:
+    """`Name:   1234 kB` lines of a /proc file, in KiB ({"MemAvailable": 0} where it is absent)."""
+    fields = {}
+    if not os.path.exists(path):
+        return {"MemAvailable": 0}
+    with open(path) as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                fields[key] = int(parts[0])
+    return fields
