@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 from sparrow.bench.device import bench_device, synchronize
+from sparrow.train.memory.peaks import phase_peaks
 
 PATHS = ("gather", "masked")
-CLEAR_REFS = "/proc/self/clear_refs"
 PROMPT_TOKENS = 64
 PAGE_SIZE = 16
 
@@ -90,24 +90,11 @@ def _use(distill, path: str) -> None:
     distill.policy.model.set_attn_implementation(name)
 
 
-def _reset_peak(device: torch.device) -> None:
-    """Start the peak `_peak_mib` reads from now: the update's high-water mark, not a higher one
-    left by imports and the build (at a few hundred tokens the update's is the lower)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    elif Path(CLEAR_REFS).exists():
-        Path(CLEAR_REFS).write_text("5")  # Linux: VmHWM := VmRSS
-
-
-def _peak_mib(device: torch.device) -> float:
-    """The peak of allocated GPU memory on CUDA, else of the process's RSS since `_reset_peak`
-    (Linux: VmHWM; elsewhere the process's whole-life ru_maxrss)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    status = Path("/proc/self/status")
-    if status.exists():
-        line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
-        return int(line.split()[1]) / 1024  # kB
+def _peak_mib(peaks) -> float:
+    """The peak since `peaks.reset()` (memory/peaks.py: allocated GPU memory on CUDA, the RSS's
+    VmHWM on Linux); without either, the process's whole-life ru_maxrss."""
+    if peaks is not None:
+        return peaks.read()[1] / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # bytes on macOS
 
 
@@ -115,13 +102,17 @@ def measure_memory(path: str, seq_len: int, budget_tokens: int, device: torch.de
     """In this (fresh) process: peak memory before and after one update on `path`."""
     distill, batch, dense, adv = _build(seq_len, budget_tokens, device)
     _use(distill, path)
-    _reset_peak(device)
-    idle = _peak_mib(device)
+    # From now: the update's high-water mark, not a higher one left by imports and the build
+    # (at a few hundred tokens the update's is the lower).
+    peaks = phase_peaks(device)
+    if peaks is not None:
+        peaks.reset()
+    idle = _peak_mib(peaks)
     start = time.perf_counter()
     distill.step(batch, dense, adv, temperature=1.0)
     synchronize(device)
     seconds = time.perf_counter() - start
-    peak = _peak_mib(device)
+    peak = _peak_mib(peaks)
     return {
         "path": path,
         "seq_len": seq_len,

@@ -68,10 +68,11 @@ class CudaPeaks:
         return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
 
 
-def phase_peaks() -> HostPeaks | CudaPeaks | None:
-    """What measures this process's phases: CUDA where the run is on a GPU, the kernel's
-    high-water mark on Linux, else None (no /proc, or clear_refs refused: nothing is logged)."""
-    if torch.cuda.is_available():
+def phase_peaks(device: torch.device | None = None) -> HostPeaks | CudaPeaks | None:
+    """What measures this process's phases: CUDA where the run is on a GPU (`device`, else
+    wherever CUDA is present), the kernel's high-water mark on Linux, else None (no /proc, or
+    clear_refs refused: nothing is logged)."""
+    if device.type == "cuda" if device is not None else torch.cuda.is_available():
         return CudaPeaks()
     if not (os.path.exists(CLEAR_REFS) and os.path.exists(STATUS)):
         return None
